@@ -1,0 +1,136 @@
+//! Micro-benchmarks of the core: lookup hit, the refcount protocol (FrozenBit vs Cas, one and
+//! two threads on one folio), and insertion one by one vs a run under one lock hold.
+//!
+//! `cargo bench -p foliocache --bench core` (add `-- --quick` for a shorter run).
+
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use foliocache::mem::refcount::RefCount;
+use foliocache::{Cache, FolioRef, Policy, RefcountPolicy};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+const POLICIES: [(&str, RefcountPolicy); 2] = [
+    ("frozen-bit", RefcountPolicy::FrozenBit),
+    ("cas", RefcountPolicy::Cas),
+];
+
+fn lookup_hit(c: &mut Criterion) {
+    let mut group = c.benchmark_group("lookup_hit");
+    for (name, refcount) in POLICIES {
+        let cache = Cache::builder()
+            .capacity(64 << 20)
+            .policy(Policy { refcount })
+            .build()
+            .unwrap();
+        let file = cache.new_mapping();
+        let folios: Vec<_> = (0..4096).map(|_| cache.alloc_folio(0).unwrap()).collect();
+        file.add_folio_range(0, &folios).unwrap();
+        let mut i = 0u64;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                i = (i + 1) & 4095;
+                black_box(file.lookup(black_box(i)))
+            });
+        });
+    }
+    group.finish();
+}
+
+/// Runs `per_thread(iters)` on `threads` threads at once and returns the wall time.
+fn concurrently(threads: usize, iters: u64, per_thread: &(dyn Fn(u64) + Sync)) -> Duration {
+    let barrier = std::sync::Barrier::new(threads + 1);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                barrier.wait();
+                per_thread(iters);
+            });
+        }
+        barrier.wait();
+        let start = Instant::now();
+        // The scope joins every thread before returning.
+        start
+    })
+    .elapsed()
+}
+
+fn refcount(c: &mut Criterion) {
+    let mut group = c.benchmark_group("try_get_put");
+    for threads in [1usize, 2] {
+        for (name, policy) in POLICIES {
+            let count = RefCount::new_free(policy);
+            count.init();
+            group.bench_with_input(
+                BenchmarkId::new(name, format!("{threads}-thread")),
+                &threads,
+                |b, &threads| {
+                    b.iter_custom(|iters| {
+                        let work = |n: u64| {
+                            for _ in 0..n {
+                                assert!(count.try_get(policy));
+                                black_box(count.put(policy));
+                            }
+                        };
+                        if threads == 1 {
+                            let start = Instant::now();
+                            work(iters);
+                            start.elapsed()
+                        } else {
+                            concurrently(threads, iters, &work)
+                        }
+                    });
+                },
+            );
+        }
+    }
+    group.finish();
+}
+
+fn insertion(c: &mut Criterion) {
+    const RUN: usize = 32;
+    let cache = Cache::builder().capacity(16 << 20).build().unwrap();
+    let folios: Vec<FolioRef<'_>> = (0..RUN).map(|_| cache.alloc_folio(0).unwrap()).collect();
+    // Lock acquisitions per 32-folio run, printed once.
+    for (name, ranged) in [("one-by-one", false), ("insert_range", true)] {
+        let file = cache.new_mapping();
+        insert(&file, &folios, ranged);
+        eprintln!(
+            "insert {name}: {} lock acquisitions per {RUN}-folio run",
+            file.stats().lock_acquisitions
+        );
+    }
+    let mut group = c.benchmark_group("insert_32_folios");
+    for (name, ranged) in [("one-by-one", false), ("insert_range", true)] {
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let file = cache.new_mapping();
+                    let start = Instant::now();
+                    insert(&file, &folios, ranged);
+                    total += start.elapsed();
+                    drop(file); // untimed: truncation returns the cache's references
+                    for f in &folios {
+                        f.unlock();
+                    }
+                }
+                total
+            });
+        });
+    }
+    group.finish();
+}
+
+fn insert(file: &foliocache::Mapping, folios: &[FolioRef<'_>], ranged: bool) {
+    if ranged {
+        let added = file.add_folio_range(0, folios).unwrap();
+        assert_eq!(added.inserted, folios.len());
+    } else {
+        for (i, f) in folios.iter().enumerate() {
+            file.add_folio(f, i as u64).unwrap();
+        }
+    }
+}
+
+criterion_group!(benches, lookup_hit, refcount, insertion);
+criterion_main!(benches);

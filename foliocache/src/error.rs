@@ -1,0 +1,81 @@
+//! The crate's one error type.
+
+use std::io;
+
+/// Everything that can go wrong, as values: bad input gets a clear message, never a panic.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The cache capacity is zero, not a multiple of the page size, or too large.
+    #[error(
+        "cache capacity must be a positive multiple of the page size (4096 bytes) and at most \
+         16 TiB; got {0} bytes"
+    )]
+    InvalidCapacity(u64),
+    /// A folio (or index entry) order above the allowed maximum.
+    #[error("order {order} is larger than the maximum {max}")]
+    OrderTooLarge {
+        /// The order asked for.
+        order: u8,
+        /// The largest allowed.
+        max: u8,
+    },
+    /// A page index that is not a multiple of its folio's size.
+    #[error("page index {index} is not aligned to an order-{order} folio ({} pages)", 1u128 << order)]
+    Misaligned {
+        /// The index.
+        index: u64,
+        /// The folio order.
+        order: u8,
+    },
+    /// A page index (or byte offset) that runs past the largest page index.
+    #[error("page index {index} with order {order} runs past the largest page index")]
+    IndexOverflow {
+        /// The index.
+        index: u64,
+        /// The folio order.
+        order: u8,
+    },
+    /// The arena has no free block of the asked order (callers fall back or reclaim).
+    #[error("out of memory: no free order-{order} folio in the cache")]
+    NoMemory {
+        /// The order asked for.
+        order: u8,
+    },
+    /// The index could not allocate a node (its node limit was reached).
+    #[error("out of memory: the index reached its node limit")]
+    IndexNoMemory,
+    /// A folio is already cached at (or covering) this index.
+    #[error("a folio is already cached at page index {index}")]
+    Exists {
+        /// The first index of the folio found there.
+        index: u64,
+    },
+    /// A value (shadow) entry larger than the index can hold.
+    #[error("value {value} is larger than the largest value entry (2^56 - 1)")]
+    ValueTooLarge {
+        /// The value.
+        value: u64,
+    },
+    /// A folio from another cache was handed to this one.
+    #[error("the folio belongs to another cache")]
+    ForeignFolio,
+    /// A folio that is already in a mapping was inserted again.
+    #[error("the folio is already in a mapping (id {mapping})")]
+    FolioInUse {
+        /// The mapping holding it.
+        mapping: u64,
+    },
+    /// Reserving the arena failed.
+    #[error("could not map {bytes} bytes for the arena: {source}")]
+    Mmap {
+        /// Bytes asked for.
+        bytes: u64,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Faulting the arena in (`MADV_POPULATE_WRITE`) failed.
+    #[error("could not prefault the arena: {0}")]
+    Prefault(#[source] io::Error),
+}

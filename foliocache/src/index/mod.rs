@@ -1,0 +1,974 @@
+//! The index: an xarray-like map from page index (`u64`) to [`Entry`] (a folio or a value).
+//!
+//! # Shape
+//! A radix tree of 64-slot [nodes](node::Node). The root covers `64 << root.shift` indexes and
+//! grows a level when a larger index is stored; it shrinks when only its first slot holds a
+//! child. Multi-order entries (a folio of order `k` covers its aligned `2^k` indexes) are stored
+//! at the level `k` rounded down to a multiple of 6, in `2^(k mod 6)` slots (see [`node`]).
+//!
+//! # Concurrency
+//! * **Readers** take no lock. They pin an epoch ([`reclaim`]), walk with acquire loads, and may
+//!   see any interleaving of a concurrent writer's individual slot stores; each store leaves a
+//!   slot holding a whole, valid word. Readers never see a consistent snapshot of several slots
+//!   (neither do the kernel's).
+//! * **Writers** (insert, remove, truncate) hold the index's writer lock ([`Index::lock`]).
+//!   A new node is fully initialised before the release store that links it; an unlinked node is
+//!   retired and freed only after every reader that could have reached it has unpinned.
+//! * **What readers can rely on:** a node is unlinked only when it is empty, when it is the old
+//!   root being replaced by its only child, or when a multi-order store covers a subtree that
+//!   held only value entries. A folio entry is therefore never left behind in an unlinked node,
+//!   so a [`Cursor::reload`] that still finds the folio in its slot proves the folio is (or was,
+//!   at that instant) mapped at that index. That is the validation step of the speculative
+//!   lookup in [`crate::mapping`].
+//!
+//! Folio entries carry ids, not pointers: the index never dereferences a folio and knows nothing
+//! of reference counts. The mapping layer pairs it with the folio table.
+
+pub(crate) mod node;
+pub(crate) mod reclaim;
+
+use crate::error::Error;
+use crate::sync::unmodelled::{AtomicUsize as StatUsize, Ordering as StatOrdering};
+use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
+use node::{CHUNK, CHUNK_SHIFT, Node, is_node};
+pub use node::{Entry, MAX_VALUE};
+use reclaim::{Guard, Retired, pin};
+use std::ops::{Bound, RangeBounds};
+
+/// Bytes of one index node.
+pub const NODE_BYTES: usize = std::mem::size_of::<Node>();
+
+/// The largest order of an entry.
+pub const MAX_ENTRY_ORDER: u8 = 63;
+
+/// The lock-free-readable radix index.
+#[derive(Debug)]
+pub struct Index {
+    /// 0 (empty tree) or a pointer to the root node.
+    root: AtomicUsize,
+    writer: Mutex<()>,
+    nodes: StatUsize,
+    node_limit: usize,
+    retired: Retired,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("shift", &self.shift).finish()
+    }
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Why [`IndexWriter::insert_range`] stopped before inserting every entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RangeStop {
+    /// A folio is already present at (or covering) this index.
+    Present(u64),
+    /// A node could not be allocated (the index's node limit).
+    NoMemory,
+}
+
+/// The result of [`IndexWriter::insert_range`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeInsert {
+    /// How many entries went in (a prefix of the given run).
+    pub inserted: usize,
+    /// What stopped the run, if it stopped early.
+    pub stopped: Option<RangeStop>,
+    /// The first shadow value each inserted entry replaced, if any (same order as the run).
+    pub shadows: Vec<Option<u64>>,
+}
+
+impl Index {
+    /// An empty index with no node limit.
+    pub fn new() -> Self {
+        Self::with_node_limit(usize::MAX)
+    }
+
+    /// An empty index that refuses to hold more than `limit` nodes: insertions that would need
+    /// more fail with [`Error::IndexNoMemory`] (the analogue of a failed node allocation).
+    pub fn with_node_limit(limit: usize) -> Self {
+        Self {
+            root: AtomicUsize::new(0),
+            writer: Mutex::new(()),
+            nodes: StatUsize::new(0),
+            node_limit: limit,
+            retired: Retired::default(),
+        }
+    }
+
+    /// Takes the writer lock.
+    pub fn lock(&self) -> IndexWriter<'_> {
+        IndexWriter {
+            index: self,
+            _lock: self.writer.lock(),
+            guard: pin(),
+        }
+    }
+
+    /// Starts a lockless read.
+    pub fn cursor(&self) -> Cursor<'_> {
+        Cursor {
+            index: self,
+            _guard: pin(),
+            node: std::ptr::null(),
+            offset: 0,
+            at: 0,
+            next: None,
+            prev: None,
+            walks: 0,
+        }
+    }
+
+    /// The entry covering `index`, if any (one lockless walk).
+    pub fn load(&self, index: u64) -> Option<Entry> {
+        self.cursor().load(index)
+    }
+
+    /// Collects up to `max` folio entries that are contiguous from `start` (the first must cover
+    /// `start`, each next one must begin where the previous ended), in one walk. Returns the
+    /// number of top-down walks it took (1, plus 1 per node boundary crossed).
+    pub fn get_batch(&self, start: u64, max: usize, out: &mut Vec<(u64, Entry)>) -> u64 {
+        let mut cursor = self.cursor();
+        let mut entry = cursor.load(start);
+        while out.len() < max {
+            match entry {
+                Some(e @ Entry::Folio { .. }) => out.push((cursor.first(), e)),
+                _ => break,
+            }
+            entry = match cursor.load_next() {
+                Some(e) => Some(e),
+                None => break,
+            };
+        }
+        cursor.walks()
+    }
+
+    /// The first index at or after `index` that holds no folio (empty or a value), scanning at
+    /// most `max_scan` indexes. When every scanned index holds a folio it returns one past the
+    /// scanned range (`index + max_scan`); 0 if that wraps (the kernel's
+    /// `page_cache_next_miss` convention).
+    pub fn next_miss(&self, index: u64, max_scan: u64) -> u64 {
+        if max_scan == 0 {
+            return index;
+        }
+        let end = index.checked_add(max_scan);
+        let mut cursor = self.cursor();
+        let mut entry = cursor.load(index);
+        let mut pos = index;
+        loop {
+            if !matches!(entry, Some(Entry::Folio { .. })) {
+                return pos;
+            }
+            let Some(next) = cursor.next_pos() else {
+                return 0; // folios up to the largest index: the scan wrapped
+            };
+            pos = next;
+            match end {
+                Some(end) if pos >= end => return end,
+                None if pos == 0 => return 0,
+                _ => {}
+            }
+            entry = cursor.load_next_or_hole();
+        }
+    }
+
+    /// The last index at or before `index` that holds no folio (empty or a value), scanning at
+    /// most `max_scan` indexes. When every scanned index holds a folio it returns one before the
+    /// scanned range (`index - max_scan`); `u64::MAX` if that wraps below 0 (the kernel's
+    /// `page_cache_prev_miss` convention).
+    pub fn prev_miss(&self, index: u64, max_scan: u64) -> u64 {
+        if max_scan == 0 {
+            return index;
+        }
+        let lowest = index.saturating_sub(max_scan - 1);
+        let below = index.checked_sub(max_scan).unwrap_or(u64::MAX);
+        let mut cursor = self.cursor();
+        let mut entry = cursor.load(index);
+        let mut pos = index;
+        loop {
+            if !matches!(entry, Some(Entry::Folio { .. })) {
+                return pos;
+            }
+            let first = cursor.first();
+            if first <= lowest {
+                return below;
+            }
+            pos = first - 1;
+            entry = cursor.load_prev_or_hole();
+        }
+    }
+
+    /// Every entry, in index order, as (first index, entry). For tests and tools.
+    pub fn entries(&self) -> Vec<(u64, Entry)> {
+        let mut out = Vec::new();
+        let mut cursor = self.cursor();
+        let mut entry = cursor.load(0);
+        loop {
+            if let Some(e) = entry {
+                out.push((cursor.first(), e));
+            }
+            if cursor.next_pos().is_none() {
+                return out;
+            }
+            entry = cursor.load_next_or_hole();
+        }
+    }
+
+    /// Nodes currently linked into the tree.
+    pub fn node_count(&self) -> usize {
+        self.nodes.load(StatOrdering::Relaxed)
+    }
+
+    /// Bytes of index metadata (nodes) currently linked into the tree.
+    pub fn memory_bytes(&self) -> usize {
+        self.node_count() * NODE_BYTES
+    }
+
+    fn root_node(&self) -> *const Node {
+        self.root.load(Ordering::Acquire) as *const Node
+    }
+}
+
+impl Drop for Index {
+    fn drop(&mut self) {
+        let root = self.root.load(Ordering::Relaxed);
+        if root != 0 {
+            // SAFETY: `&mut self`: no reader or writer can be inside the tree; every linked node
+            // came from `Box::into_raw` and is reachable exactly once from the root.
+            unsafe { free_subtree(root as *mut Node) };
+        }
+    }
+}
+
+/// Frees a subtree immediately.
+///
+/// # Safety
+/// The subtree must be unreachable by anyone else and made of `Box::into_raw` nodes.
+unsafe fn free_subtree(node: *mut Node) {
+    // SAFETY: the caller owns the subtree exclusively.
+    let boxed = unsafe { Box::from_raw(node) };
+    for slot in &boxed.slots {
+        let word = slot.load(Ordering::Relaxed);
+        if is_node(word) {
+            // SAFETY: a child of an exclusively owned subtree is exclusively owned too.
+            unsafe { free_subtree(word as *mut Node) };
+        }
+    }
+}
+
+/// A lockless reader's position in the index (the `xa_state` of a reader).
+///
+/// It holds an epoch pin: nodes it reached stay allocated while it lives. Drop it promptly,
+/// and never hold it across anything that blocks for long.
+pub struct Cursor<'a> {
+    index: &'a Index,
+    _guard: Guard,
+    /// The node holding the slot last loaded (null when the last load found no node).
+    node: *const Node,
+    offset: usize,
+    /// The index last asked for.
+    at: u64,
+    /// One past the range the last load covered (entry or hole); None if that wraps.
+    next: Option<u64>,
+    /// First index of the range the last load covered, minus one; None if it started at 0.
+    prev: Option<u64>,
+    walks: u64,
+}
+
+impl Cursor<'_> {
+    /// Walks from the root to `index` and returns its entry.
+    pub fn load(&mut self, index: u64) -> Option<Entry> {
+        self.walks += 1;
+        self.at = index;
+        let root = self.index.root_node();
+        if root.is_null() {
+            return self.hole_to_end(index);
+        }
+        // SAFETY: the root was loaded (acquire) during this cursor's pin.
+        let top = u32::from(unsafe { &*root }.shift) + CHUNK_SHIFT;
+        if top < 64 && index >> top != 0 {
+            // Beyond the root's span: nothing is stored from the span's end on.
+            self.hole_to_end(index);
+            self.prev = Some((1u64 << top) - 1);
+            return None;
+        }
+        self.descend(root, index)
+    }
+
+    /// Records that nothing is stored at `index` or after it.
+    fn hole_to_end(&mut self, index: u64) -> Option<Entry> {
+        self.node = std::ptr::null();
+        self.prev = index.checked_sub(1);
+        self.next = None;
+        None
+    }
+
+    /// Re-reads the slot of the last load, without walking. A folio entry found again proves the
+    /// folio was still mapped there at this moment (see the module documentation).
+    pub fn reload(&self) -> Option<Entry> {
+        if self.node.is_null() {
+            return None;
+        }
+        // SAFETY: `node` was reached during this cursor's pin, which is still held, so it has
+        // not been freed (retired nodes outlive every pin taken before their retirement).
+        let node = unsafe { &*self.node };
+        Entry::decode(node.slots[self.offset].load(Ordering::Acquire))
+    }
+
+    /// The first index of the entry (or hole) the last load landed in.
+    pub fn first(&self) -> u64 {
+        self.prev.map_or(0, |p| p + 1)
+    }
+
+    /// One past the range of the last load (None if that wraps past the largest index).
+    pub fn next_pos(&self) -> Option<u64> {
+        self.next
+    }
+
+    /// Top-down walks done so far.
+    pub fn walks(&self) -> u64 {
+        self.walks
+    }
+
+    /// Loads the entry right after the last one, if it is present: staying inside the current
+    /// node when it can, walking from the root only when the next index lies in another node.
+    pub fn load_next(&mut self) -> Option<Entry> {
+        self.load_next_or_hole()
+    }
+
+    fn load_next_or_hole(&mut self) -> Option<Entry> {
+        let index = self.next?;
+        self.load_near(index)
+    }
+
+    fn load_prev_or_hole(&mut self) -> Option<Entry> {
+        let index = self.prev?;
+        self.load_near(index)
+    }
+
+    /// Loads `index`, starting from the current node if `index` lies in its span.
+    fn load_near(&mut self, index: u64) -> Option<Entry> {
+        if !self.node.is_null() {
+            // SAFETY: reached during this cursor's pin (see `reload`).
+            let node = unsafe { &*self.node };
+            if node.same_span(self.at, index) {
+                return self.descend(self.node, index);
+            }
+        }
+        self.load(index)
+    }
+
+    /// Walks down from `node`, whose span contains `index`.
+    fn descend(&mut self, mut node: *const Node, index: u64) -> Option<Entry> {
+        self.at = index;
+        loop {
+            // SAFETY: `node` is the root or a child loaded (acquire) from a reachable node during
+            // this cursor's pin; nodes are freed only after every such pin ends.
+            let n = unsafe { &*node };
+            let offset = n.offset(index);
+            let word = n.slots[offset].load(Ordering::Acquire);
+            if is_node(word) {
+                node = word as *const Node;
+                continue;
+            }
+            match Entry::decode(word) {
+                Some(entry) => {
+                    self.node = node;
+                    self.offset = offset;
+                    let order = u32::from(entry.order());
+                    let mask = low_mask(order);
+                    let first = index & !mask;
+                    self.prev = first.checked_sub(1);
+                    self.next = (first | mask).checked_add(1);
+                    return Some(entry);
+                }
+                None => return self.hole(node, offset, index, u32::from(n.shift)),
+            }
+        }
+    }
+
+    /// Records an empty slot of `node` (covering `2^bits` indexes around `index`).
+    fn hole(&mut self, node: *const Node, offset: usize, index: u64, bits: u32) -> Option<Entry> {
+        self.node = node;
+        self.offset = offset;
+        let mask = low_mask(bits);
+        let first = index & !mask;
+        self.prev = first.checked_sub(1);
+        self.next = (first | mask).checked_add(1);
+        None
+    }
+}
+
+fn low_mask(bits: u32) -> u64 {
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
+}
+
+/// The index's writer: holds the writer lock (and an epoch pin to retire nodes).
+pub struct IndexWriter<'a> {
+    index: &'a Index,
+    _lock: MutexGuard<'a, ()>,
+    guard: Guard,
+}
+
+/// What a conflict scan found in the range of a new entry.
+enum Scan {
+    /// The range holds no folio; the first value found, if any.
+    Clear(Option<u64>),
+    /// A folio covers this index.
+    Conflict(u64),
+}
+
+impl IndexWriter<'_> {
+    /// The entry covering `index` (a lockless read is fine too; this is for convenience).
+    pub fn load(&self, index: u64) -> Option<Entry> {
+        self.index.load(index)
+    }
+
+    /// Stores `entry` at `index` (which must be aligned to the entry's order). Values in the
+    /// range are overwritten (a larger value covering it is split around it) and the first one
+    /// is returned; a folio anywhere in the range makes it fail with [`Error::Exists`] and
+    /// change nothing.
+    pub fn insert(&mut self, index: u64, entry: Entry) -> Result<Option<u64>, Error> {
+        let order = entry.order();
+        check_range(index, order)?;
+        if let Entry::Value { value, .. } = entry
+            && value > MAX_VALUE
+        {
+            return Err(Error::ValueTooLarge { value });
+        }
+        let last = index | low_mask(u32::from(order));
+        let level = order / CHUNK_SHIFT as u8 * CHUNK_SHIFT as u8;
+        self.reserve(index, last, level)?;
+        self.grow(last, level);
+        match self.scan(index, order, level) {
+            Scan::Conflict(at) => {
+                self.shrink();
+                Err(Error::Exists { index: at })
+            }
+            Scan::Clear(shadow) => {
+                self.store(index, entry, level);
+                Ok(shadow)
+            }
+        }
+    }
+
+    /// Inserts a run of entries at consecutive positions from `start` (each at the index where
+    /// the previous one ended), under this one lock hold. Stops at the first entry whose range
+    /// holds a folio or that needs a node the limit forbids; what went in stays in.
+    pub fn insert_range(&mut self, start: u64, entries: &[Entry]) -> Result<RangeInsert, Error> {
+        // Validate the whole run first: a misaligned or overflowing run is a caller bug and
+        // must not be half inserted.
+        let mut index = start;
+        for (i, entry) in entries.iter().enumerate() {
+            check_range(index, entry.order())?;
+            let next = index.checked_add(1u64 << entry.order());
+            if next.is_none() && i + 1 < entries.len() {
+                return Err(Error::IndexOverflow {
+                    index,
+                    order: entry.order(),
+                });
+            }
+            index = next.unwrap_or(0);
+        }
+        let mut result = RangeInsert {
+            inserted: 0,
+            stopped: None,
+            shadows: Vec::with_capacity(entries.len()),
+        };
+        let mut index = start;
+        for entry in entries {
+            match self.insert(index, *entry) {
+                Ok(shadow) => {
+                    result.inserted += 1;
+                    result.shadows.push(shadow);
+                }
+                Err(Error::Exists { index: at }) => {
+                    result.stopped = Some(RangeStop::Present(at));
+                    break;
+                }
+                Err(Error::IndexNoMemory) => {
+                    result.stopped = Some(RangeStop::NoMemory);
+                    break;
+                }
+                Err(other) => return Err(other),
+            }
+            index = index.wrapping_add(1u64 << entry.order());
+        }
+        Ok(result)
+    }
+
+    /// Removes the entry covering `index` and returns it. With `expected`, removes only if the
+    /// entry is exactly that. With `shadow`, leaves a value entry of the same order in its place.
+    pub fn remove(
+        &mut self,
+        index: u64,
+        expected: Option<Entry>,
+        shadow: Option<u64>,
+    ) -> Result<Option<Entry>, Error> {
+        if let Some(value) = shadow
+            && value > MAX_VALUE
+        {
+            return Err(Error::ValueTooLarge { value });
+        }
+        let mut path: Vec<(*const Node, usize)> = Vec::with_capacity(12);
+        let mut node = self.index.root_node();
+        let (found, holder) = loop {
+            if node.is_null() {
+                return Ok(None);
+            }
+            // SAFETY: under the writer lock every node reachable from the root is live.
+            let n = unsafe { &*node };
+            let top = u32::from(n.shift) + CHUNK_SHIFT;
+            if path.is_empty() && top < 64 && index >> top != 0 {
+                return Ok(None);
+            }
+            let offset = n.offset(index);
+            let word = n.slots[offset].load(Ordering::Relaxed);
+            if is_node(word) {
+                path.push((node, offset));
+                node = word as *const Node;
+                continue;
+            }
+            match Entry::decode(word) {
+                None => return Ok(None),
+                Some(entry) => break (entry, n),
+            }
+        };
+        if expected.is_some_and(|e| e != found) {
+            return Ok(None);
+        }
+        let order = found.order();
+        let (first_slot, span) = group(holder, index, order);
+        let replacement = shadow.map_or(0, |value| Entry::Value { value, order }.encode());
+        for slot in &holder.slots[first_slot..first_slot + span] {
+            slot.store(replacement, Ordering::Release);
+        }
+        if replacement == 0 {
+            holder.count.fetch_sub(span as u16, StatOrdering::Relaxed);
+            self.prune(path, holder);
+        }
+        self.shrink();
+        Ok(Some(found))
+    }
+
+    /// Removes every entry lying entirely inside `range` and returns them as (first index,
+    /// entry). Entries straddling either end are left in place.
+    pub fn truncate(&mut self, range: impl RangeBounds<u64>) -> Vec<(u64, Entry)> {
+        let first = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => match s.checked_add(1) {
+                Some(s) => s,
+                None => return Vec::new(),
+            },
+            Bound::Unbounded => 0,
+        };
+        let last = match range.end_bound() {
+            Bound::Included(&e) => e,
+            Bound::Excluded(&e) => match e.checked_sub(1) {
+                Some(e) => e,
+                None => return Vec::new(),
+            },
+            Bound::Unbounded => u64::MAX,
+        };
+        let mut out = Vec::new();
+        if first > last {
+            return out;
+        }
+        let root = self.index.root_node();
+        if root.is_null() {
+            return out;
+        }
+        // SAFETY: under the writer lock the root is live.
+        self.truncate_node(unsafe { &*root }, 0, first, last, &mut out);
+        // SAFETY: as above.
+        if unsafe { &*root }.count.load(StatOrdering::Relaxed) == 0 {
+            self.index.root.store(0, Ordering::Release);
+            self.retire(root.cast_mut());
+        }
+        self.shrink();
+        out
+    }
+
+    fn truncate_node(
+        &self,
+        node: &Node,
+        base: u64,
+        first: u64,
+        last: u64,
+        out: &mut Vec<(u64, Entry)>,
+    ) {
+        let shift = u32::from(node.shift);
+        let mut offset = 0;
+        while offset < CHUNK {
+            let Some(slot_first) = slot_start(base, offset, shift) else {
+                break; // past the largest index (only in a root of shift 60)
+            };
+            let slot_last = slot_first | low_mask(shift);
+            if slot_last < first {
+                offset += 1;
+                continue;
+            }
+            if slot_first > last {
+                break;
+            }
+            let word = node.slots[offset].load(Ordering::Relaxed);
+            if is_node(word) {
+                // SAFETY: a child of a live node, under the writer lock.
+                let child = unsafe { &*(word as *const Node) };
+                self.truncate_node(child, slot_first, first, last, out);
+                if child.count.load(StatOrdering::Relaxed) == 0 {
+                    node.slots[offset].store(0, Ordering::Release);
+                    node.count.fetch_sub(1, StatOrdering::Relaxed);
+                    self.retire(word as *mut Node);
+                }
+                offset += 1;
+                continue;
+            }
+            let Some(entry) = Entry::decode(word) else {
+                offset += 1;
+                continue;
+            };
+            let order = u32::from(entry.order());
+            let entry_first = slot_first & !low_mask(order);
+            let entry_last = entry_first | low_mask(order);
+            let (first_slot, span) = group(node, entry_first, entry.order());
+            if entry_first >= first && entry_last <= last {
+                for slot in &node.slots[first_slot..first_slot + span] {
+                    slot.store(0, Ordering::Release);
+                }
+                node.count.fetch_sub(span as u16, StatOrdering::Relaxed);
+                out.push((entry_first, entry));
+            }
+            offset = first_slot + span;
+        }
+    }
+
+    /// Fails, before changing anything, if storing an entry at `index` (ending at `last`) on
+    /// `level` would need more nodes than the index's limit allows.
+    fn reserve(&self, index: u64, last: u64, level: u8) -> Result<(), Error> {
+        if self.index.node_limit == usize::MAX {
+            return Ok(());
+        }
+        if self.index.node_count() + self.nodes_needed(index, last, level) > self.index.node_limit {
+            return Err(Error::IndexNoMemory);
+        }
+        Ok(())
+    }
+
+    /// How many nodes `grow` + `store` will allocate for this entry (value splits included).
+    fn nodes_needed(&self, index: u64, last: u64, level: u8) -> usize {
+        let levels = |from: u8| usize::from((from - level) / CHUNK_SHIFT as u8);
+        let top = height_for(last).max(level);
+        let root = self.index.root_node();
+        if root.is_null() {
+            return levels(top) + 1;
+        }
+        // SAFETY: live under the writer lock.
+        let mut node = unsafe { &*root };
+        let mut needed = 0;
+        if top > node.shift {
+            // New roots at node.shift + 6 ..= top, chained through their slot 0. The path to
+            // `index` follows that chain down to the old root unless it leaves it on the way.
+            needed += usize::from((top - node.shift) / CHUNK_SHIFT as u8);
+            let leave = (node.shift + CHUNK_SHIFT as u8..=top)
+                .rev()
+                .step_by(CHUNK_SHIFT as usize)
+                .find(|&shift| (index >> shift) & (CHUNK as u64 - 1) != 0);
+            if let Some(shift) = leave {
+                return needed + levels(shift);
+            }
+        }
+        while node.shift > level {
+            let word = node.slots[node.offset(index)].load(Ordering::Relaxed);
+            if !is_node(word) {
+                // Empty (or a value to split): one new node per level below.
+                return needed + levels(node.shift);
+            }
+            // SAFETY: a child of a live node, under the writer lock.
+            node = unsafe { &*(word as *const Node) };
+        }
+        needed
+    }
+
+    fn new_node(&self, shift: u8) -> *mut Node {
+        self.index.nodes.fetch_add(1, StatOrdering::Relaxed);
+        Box::into_raw(Box::new(Node::new(shift)))
+    }
+
+    fn retire(&self, node: *mut Node) {
+        self.index.nodes.fetch_sub(1, StatOrdering::Relaxed);
+        // SAFETY: callers pass a node they have just unlinked (no new reader can reach it) and
+        // retire each node once.
+        unsafe { self.index.retired.retire(&self.guard, node) };
+    }
+
+    /// Retires a whole unlinked subtree (which holds no folio).
+    fn retire_subtree(&self, node: *mut Node) {
+        // SAFETY: the subtree was just unlinked under the writer lock; its nodes are live.
+        let n = unsafe { &*node };
+        for slot in &n.slots {
+            let word = slot.load(Ordering::Relaxed);
+            if is_node(word) {
+                self.retire_subtree(word as *mut Node);
+            }
+        }
+        self.retire(node);
+    }
+
+    /// Grows the tree until the root covers `last` and sits at least at `level`.
+    fn grow(&self, last: u64, level: u8) {
+        let needed = height_for(last).max(level);
+        let root = self.index.root_node();
+        if root.is_null() {
+            let node = self.new_node(needed);
+            self.index.root.store(node as usize, Ordering::Release);
+            return;
+        }
+        // SAFETY: live under the writer lock.
+        let mut shift = unsafe { &*root }.shift;
+        let mut current = root as usize;
+        while shift < needed {
+            shift += CHUNK_SHIFT as u8;
+            let parent = self.new_node(shift);
+            // SAFETY: just allocated, not yet visible to anyone.
+            let p = unsafe { &*parent };
+            p.slots[0].store(current, Ordering::Relaxed);
+            p.count.store(1, StatOrdering::Relaxed);
+            self.index.root.store(parent as usize, Ordering::Release);
+            current = parent as usize;
+        }
+    }
+
+    /// Drops root levels that only lead to their first slot's child.
+    fn shrink(&self) {
+        loop {
+            let root = self.index.root_node();
+            if root.is_null() {
+                return;
+            }
+            // SAFETY: live under the writer lock.
+            let r = unsafe { &*root };
+            let count = r.count.load(StatOrdering::Relaxed);
+            if count == 0 {
+                self.index.root.store(0, Ordering::Release);
+                self.retire(root.cast_mut());
+                return;
+            }
+            let first = r.slots[0].load(Ordering::Relaxed);
+            if r.shift == 0 || count != 1 || !is_node(first) {
+                return;
+            }
+            // Readers still inside the old root follow slot 0 to the (live) child.
+            self.index.root.store(first, Ordering::Release);
+            self.retire(root.cast_mut());
+        }
+    }
+
+    /// Unlinks `node` (reached through `path`) if it became empty, and its ancestors likewise.
+    fn prune(&self, mut path: Vec<(*const Node, usize)>, mut node: &Node) {
+        while node.count.load(StatOrdering::Relaxed) == 0 {
+            let Some((parent, offset)) = path.pop() else {
+                return; // the root: `shrink` handles it
+            };
+            // SAFETY: live under the writer lock.
+            let p = unsafe { &*parent };
+            let child = p.slots[offset].load(Ordering::Relaxed);
+            p.slots[offset].store(0, Ordering::Release);
+            p.count.fetch_sub(1, StatOrdering::Relaxed);
+            self.retire(child as *mut Node);
+            node = p;
+        }
+    }
+
+    /// Looks for folios in the range of a new entry (read-only).
+    fn scan(&self, index: u64, order: u8, level: u8) -> Scan {
+        let mut node = self.index.root_node();
+        loop {
+            // SAFETY: `grow` made sure the root exists; nodes are live under the writer lock.
+            let n = unsafe { &*node };
+            let offset = n.offset(index);
+            if n.shift == level {
+                let (first_slot, span) = group(n, index, order);
+                return scan_slots(n, node_base(n, index), first_slot..first_slot + span);
+            }
+            let word = n.slots[offset].load(Ordering::Relaxed);
+            if is_node(word) {
+                node = word as *const Node;
+                continue;
+            }
+            return match Entry::decode(word) {
+                None => Scan::Clear(None),
+                Some(Entry::Value { value, .. }) => Scan::Clear(Some(value)),
+                Some(Entry::Folio { order: o, .. }) => {
+                    Scan::Conflict(index & !low_mask(u32::from(o)))
+                }
+            };
+        }
+    }
+
+    /// Stores `entry` (range already checked: no folio in it).
+    fn store(&self, index: u64, entry: Entry, level: u8) {
+        let mut node = self.index.root_node();
+        loop {
+            // SAFETY: live under the writer lock.
+            let n = unsafe { &*node };
+            let offset = n.offset(index);
+            if n.shift == level {
+                break;
+            }
+            let word = n.slots[offset].load(Ordering::Relaxed);
+            if is_node(word) {
+                node = word as *const Node;
+                continue;
+            }
+            let child = self.new_node(n.shift - CHUNK_SHIFT as u8);
+            if let Some(Entry::Value { value, order }) = Entry::decode(word) {
+                // Split a value covering this slot (and maybe its neighbours) around it: the
+                // neighbours keep the value as single-slot entries, the child is filled with it.
+                // SAFETY: just allocated, not yet visible.
+                let c = unsafe { &*child };
+                let piece = Entry::Value {
+                    value,
+                    order: c.shift,
+                }
+                .encode();
+                for slot in &c.slots {
+                    slot.store(piece, Ordering::Relaxed);
+                }
+                c.count.store(CHUNK as u16, StatOrdering::Relaxed);
+                self.split_group(n, offset, order, value);
+            } else {
+                n.count.fetch_add(1, StatOrdering::Relaxed);
+            }
+            n.slots[offset].store(child as usize, Ordering::Release);
+            node = child;
+        }
+        // SAFETY: live under the writer lock.
+        let n = unsafe { &*node };
+        let (first_slot, span) = group(n, index, entry.order());
+        // A larger value whose group contains ours keeps its other slots, as single-slot pieces.
+        if let Some(Entry::Value { value, order }) =
+            Entry::decode(n.slots[first_slot].load(Ordering::Relaxed))
+            && order > entry.order()
+        {
+            self.split_group(n, first_slot, order, value);
+        }
+        let word = entry.encode();
+        let mut added = 0u16;
+        for slot in &n.slots[first_slot..first_slot + span] {
+            let old = slot.swap(word, Ordering::AcqRel);
+            if old == 0 {
+                added += 1;
+            } else if is_node(old) {
+                self.retire_subtree(old as *mut Node);
+            }
+        }
+        n.count.fetch_add(added, StatOrdering::Relaxed);
+    }
+
+    /// Rewrites the slots of the value group (of `order`) containing `offset` as single-slot
+    /// values, except `offset` itself (which the caller overwrites next).
+    fn split_group(&self, node: &Node, offset: usize, order: u8, value: u64) {
+        let base = offset as u64 & !low_mask(u32::from(order - node.shift));
+        let span = 1usize << (order - node.shift);
+        let piece = Entry::Value {
+            value,
+            order: node.shift,
+        }
+        .encode();
+        for (i, slot) in node.slots[base as usize..base as usize + span]
+            .iter()
+            .enumerate()
+        {
+            if base as usize + i != offset {
+                slot.store(piece, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// Looks for folios in `slots` of `node` (whose first index is `base`), subtrees included
+/// (read-only, under the writer lock): the first folio's index, else the first value found.
+fn scan_slots(node: &Node, base: u64, slots: std::ops::Range<usize>) -> Scan {
+    let shift = u32::from(node.shift);
+    let mut shadow = None;
+    for offset in slots {
+        let Some(slot_first) = slot_start(base, offset, shift) else {
+            break;
+        };
+        let word = node.slots[offset].load(Ordering::Relaxed);
+        if is_node(word) {
+            // SAFETY: a child of a live node, under the writer lock.
+            let child = unsafe { &*(word as *const Node) };
+            match scan_slots(child, slot_first, 0..CHUNK) {
+                Scan::Conflict(at) => return Scan::Conflict(at),
+                Scan::Clear(found) => shadow = shadow.or(found),
+            }
+            continue;
+        }
+        match Entry::decode(word) {
+            Some(Entry::Folio { order, .. }) => {
+                return Scan::Conflict(slot_first & !low_mask(u32::from(order)));
+            }
+            Some(Entry::Value { value, .. }) => shadow = shadow.or(Some(value)),
+            None => {}
+        }
+    }
+    Scan::Clear(shadow)
+}
+
+/// The first index of slot `offset` in a node of `shift` starting at `base`; None past the
+/// largest index.
+fn slot_start(base: u64, offset: usize, shift: u32) -> Option<u64> {
+    let delta = (offset as u64).checked_shl(shift)?;
+    if delta >> shift != offset as u64 {
+        return None;
+    }
+    base.checked_add(delta)
+}
+
+/// The first index of the span `node` covers, given an index inside it.
+fn node_base(node: &Node, index: u64) -> u64 {
+    index & !low_mask(u32::from(node.shift) + CHUNK_SHIFT)
+}
+
+/// The slots an entry of `order` at `index` occupies in `node`: (first slot, count).
+fn group(node: &Node, index: u64, order: u8) -> (usize, usize) {
+    let span_bits = u32::from(order.saturating_sub(node.shift)).min(CHUNK_SHIFT);
+    let span = 1usize << span_bits;
+    let first = node.offset(index) & !(span - 1);
+    (first, span)
+}
+
+/// The smallest root shift whose span covers `last`.
+fn height_for(last: u64) -> u8 {
+    let mut shift = 0u32;
+    while shift + CHUNK_SHIFT < 64 && last >> (shift + CHUNK_SHIFT) != 0 {
+        shift += CHUNK_SHIFT;
+    }
+    shift as u8
+}
+
+/// Checks that an entry of `order` at `index` is aligned and fits in the index space.
+fn check_range(index: u64, order: u8) -> Result<(), Error> {
+    if order > MAX_ENTRY_ORDER {
+        return Err(Error::OrderTooLarge {
+            order,
+            max: MAX_ENTRY_ORDER,
+        });
+    }
+    if index & low_mask(u32::from(order)) != 0 {
+        return Err(Error::Misaligned { index, order });
+    }
+    Ok(())
+}

@@ -1,0 +1,432 @@
+//! A mapping: one file's index of cached folios, its size, its writer lock and its counters
+//! (the kernel's `address_space`).
+//!
+//! # Speculative lookup (the kernel's `filemap_get_entry` protocol)
+//! Readers take no lock. To return a folio they:
+//! 1. load its entry from the index (lock-free, under an epoch pin);
+//! 2. take a reference with `try_get`, which fails if the folio is free or frozen;
+//! 3. re-read the same slot (`reload`); if it no longer holds this folio, drop the reference
+//!    and start over.
+//!
+//! Removers do the mirror image under the writer lock: freeze the folio's count at exactly the
+//! expected value (the cache's reference plus the remover's own), then unhook it from the index,
+//! then free it. Either a reader's `try_get` came first (the freeze fails: the folio stays) or
+//! the freeze came first (`try_get` fails: the reader retries and finds the slot's new
+//! content). A folio reused for another file or index after being freed can be *referenced* by
+//! a late reader, but never *returned*: the re-read slot no longer holds it, and the reader's
+//! stray reference merely delays the folio's next free (its `put` may be the last one and then
+//! frees it; the free path reads what to free from the descriptor).
+//!
+//! Truncation does not freeze: it unhooks folios and drops the cache's reference; readers that
+//! already hold a reference keep the folio (and its bytes) alive until they drop it.
+
+use crate::cache::CacheInner;
+use crate::error::Error;
+use crate::index::{Entry, Index, IndexWriter, RangeStop};
+use crate::mem::{FolioRef, Memory, flag};
+use crate::sync::Ordering;
+use crate::sync::unmodelled::{AtomicU64 as StatU64, Counter, Ordering as StatOrdering};
+use std::ops::RangeBounds;
+use std::sync::Arc;
+
+/// Folios one index walk can return at most (the kernel's `PAGEVEC_SIZE`).
+pub const BATCH_SIZE: usize = 31;
+
+/// A batch of referenced folios returned by one index walk (the kernel's `folio_batch`).
+/// Dropping or clearing it releases the references.
+#[derive(Debug)]
+pub struct FolioBatch<'m> {
+    folios: Vec<FolioRef<'m>>,
+}
+
+impl Default for FolioBatch<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<'m> FolioBatch<'m> {
+    /// An empty batch with room for [`BATCH_SIZE`] folios.
+    pub fn new() -> Self {
+        Self {
+            folios: Vec::with_capacity(BATCH_SIZE),
+        }
+    }
+
+    /// Number of folios.
+    pub fn len(&self) -> usize {
+        self.folios.len()
+    }
+
+    /// Whether the batch is empty.
+    pub fn is_empty(&self) -> bool {
+        self.folios.is_empty()
+    }
+
+    /// Releases every reference.
+    pub fn clear(&mut self) {
+        self.folios.clear();
+    }
+
+    /// The folios, in index order.
+    pub fn folios(&self) -> &[FolioRef<'m>] {
+        &self.folios
+    }
+
+    /// Takes the folios out of the batch.
+    pub fn drain(&mut self) -> std::vec::Drain<'_, FolioRef<'m>> {
+        self.folios.drain(..)
+    }
+}
+
+/// Why a folio could not be removed; the caller gets its reference back.
+#[derive(Debug)]
+pub enum RemoveError<'m> {
+    /// Someone else holds a reference (the freeze failed): try again later or skip it.
+    Busy(FolioRef<'m>),
+    /// The folio is not in this mapping.
+    NotInMapping(FolioRef<'m>),
+}
+
+/// The result of [`Mapping::add_folio_range`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RangeAdd {
+    /// How many folios (a prefix of the run) went in; the caller still holds its references
+    /// on all of them.
+    pub inserted: usize,
+    /// What stopped the run early, if anything.
+    pub stopped: Option<RangeStop>,
+    /// The shadow value each inserted folio replaced, if any.
+    pub shadows: Vec<Option<u64>>,
+}
+
+/// Counters of one mapping (a snapshot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MappingStats {
+    /// Lookups (`lookup` calls and `get_batch` calls).
+    pub lookups: u64,
+    /// Top-down index walks done by lookups.
+    pub index_walks: u64,
+    /// Times the writer lock was taken.
+    pub lock_acquisitions: u64,
+    /// Folios inserted.
+    pub insertions: u64,
+    /// Folios removed or truncated.
+    pub removals: u64,
+    /// Pages currently cached.
+    pub cached_pages: u64,
+    /// Index nodes currently allocated.
+    pub index_nodes: u64,
+    /// Bytes of index metadata.
+    pub index_bytes: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    lookups: Counter,
+    index_walks: Counter,
+    lock_acquisitions: Counter,
+    insertions: Counter,
+    removals: Counter,
+}
+
+/// One file's cache: an index of folios plus size, writer lock and counters.
+#[derive(Debug)]
+pub struct Mapping {
+    id: u64,
+    index: Index,
+    size: StatU64,
+    cached_pages: StatU64,
+    counters: Counters,
+    cache: Arc<CacheInner>,
+}
+
+impl Mapping {
+    pub(crate) fn new(cache: Arc<CacheInner>, id: u64) -> Self {
+        Self {
+            id,
+            index: Index::new(),
+            size: StatU64::new(0),
+            cached_pages: StatU64::new(0),
+            counters: Counters::default(),
+            cache,
+        }
+    }
+
+    fn mem(&self) -> &Memory {
+        &self.cache.mem
+    }
+
+    /// This mapping's id (unique within the process, never 0).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The file size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size.load(StatOrdering::Acquire)
+    }
+
+    /// Sets the file size in bytes (cached pages are not touched: see [`truncate`](Self::truncate)).
+    pub fn set_size(&self, bytes: u64) {
+        self.size.store(bytes, StatOrdering::Release);
+    }
+
+    /// The index (lockless reads are always allowed).
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Takes the writer lock (counted).
+    fn lock(&self) -> IndexWriter<'_> {
+        self.counters.lock_acquisitions.inc();
+        self.index.lock()
+    }
+
+    /// Returns the folio covering page `index`, referenced, or `None` if none is cached there.
+    /// Never returns a folio that was removed or reused concurrently (see the module docs).
+    pub fn lookup(&self, index: u64) -> Option<FolioRef<'_>> {
+        self.counters.lookups.inc();
+        let mut cursor = self.index.cursor();
+        let found = loop {
+            let Some(entry @ Entry::Folio { id, .. }) = cursor.load(index) else {
+                break None;
+            };
+            let Some(folio) = self.mem().try_get(id) else {
+                crate::sync::spin_hint();
+                continue;
+            };
+            if cursor.reload() == Some(entry) {
+                break Some(folio);
+            }
+            drop(folio);
+        };
+        self.counters.index_walks.add(cursor.walks());
+        found
+    }
+
+    /// Fills `batch` with up to `max` (at most [`BATCH_SIZE`]) referenced folios that are
+    /// contiguous from page `start`, in one index walk (plus one per node boundary). Stops at
+    /// the first index that holds no folio.
+    pub fn get_batch<'m>(&'m self, start: u64, max: usize, batch: &mut FolioBatch<'m>) {
+        self.counters.lookups.inc();
+        batch.clear();
+        let max = max.min(BATCH_SIZE);
+        let mut cursor = self.index.cursor();
+        let mut want = start;
+        let mut entry = cursor.load(want);
+        while batch.len() < max {
+            let Some(found @ Entry::Folio { id, .. }) = entry else {
+                break;
+            };
+            let Some(folio) = self.mem().try_get(id) else {
+                crate::sync::spin_hint();
+                entry = cursor.load(want);
+                continue;
+            };
+            if cursor.reload() != Some(found) {
+                drop(folio);
+                entry = cursor.load(want);
+                continue;
+            }
+            batch.folios.push(folio);
+            match cursor.next_pos() {
+                Some(next) => want = next,
+                None => break,
+            }
+            entry = cursor.load_next();
+        }
+        self.counters.index_walks.add(cursor.walks());
+    }
+
+    /// Checks that `folio` can be inserted and prepares its descriptor (outside the lock):
+    /// identity, LOCKED, and the page cache's own reference.
+    fn prepare(&self, folio: &FolioRef<'_>, index: u64) -> Result<Entry, Error> {
+        if !std::ptr::eq(folio.mem, self.mem()) {
+            return Err(Error::ForeignFolio);
+        }
+        let mapping = folio.mapping_id();
+        if mapping != 0 {
+            return Err(Error::FolioInUse { mapping });
+        }
+        let order = folio.order();
+        if index & ((1u64 << order) - 1) != 0 {
+            return Err(Error::Misaligned { index, order });
+        }
+        let desc = folio.desc();
+        desc.index.store(index, Ordering::Relaxed);
+        desc.mapping.store(self.id, Ordering::Relaxed);
+        desc.flags.fetch_or(flag::LOCKED, Ordering::Relaxed);
+        desc.refcount.get();
+        Ok(Entry::Folio {
+            id: folio.pfn,
+            order,
+        })
+    }
+
+    /// Undoes `prepare` for a folio that did not go in.
+    fn unprepare(&self, folio: &FolioRef<'_>) {
+        let desc = folio.desc();
+        desc.mapping.store(0, Ordering::Relaxed);
+        desc.flags.fetch_and(!flag::LOCKED, Ordering::Relaxed);
+        // Not the last reference: the caller still holds its own.
+        let last = desc.refcount.put(self.mem().policy);
+        debug_assert!(!last);
+    }
+
+    /// Inserts a private folio (fresh from `Cache::alloc_folio`) at page `index`. On success the
+    /// folio is in the cache, LOCKED (the caller fills it, then calls `end_read` or `unlock`),
+    /// and the cache holds its own reference besides the caller's. Returns the shadow value the
+    /// folio replaced, if any.
+    pub fn add_folio(&self, folio: &FolioRef<'_>, index: u64) -> Result<Option<u64>, Error> {
+        let entry = self.prepare(folio, index)?;
+        let result = self.lock().insert(index, entry);
+        match result {
+            Ok(shadow) => {
+                self.counters.insertions.inc();
+                self.cached_pages
+                    .fetch_add(folio.nr_pages() as u64, StatOrdering::Relaxed);
+                Ok(shadow)
+            }
+            Err(error) => {
+                self.unprepare(folio);
+                Err(error)
+            }
+        }
+    }
+
+    /// Inserts a run of private folios at consecutive positions from page `start`, all under
+    /// one hold of the writer lock. Stops at the first position where a folio is already
+    /// present, or when the index cannot grow; the folios that went in stay in (LOCKED, as with
+    /// [`add_folio`](Self::add_folio)), the others are left untouched for the caller.
+    pub fn add_folio_range(&self, start: u64, folios: &[FolioRef<'_>]) -> Result<RangeAdd, Error> {
+        let mut entries = Vec::with_capacity(folios.len());
+        let mut index = start;
+        for folio in folios {
+            match self.prepare(folio, index) {
+                Ok(entry) => entries.push(entry),
+                Err(error) => {
+                    for prepared in &folios[..entries.len()] {
+                        self.unprepare(prepared);
+                    }
+                    return Err(error);
+                }
+            }
+            index = index.wrapping_add(folio.nr_pages() as u64);
+        }
+        let result = self.lock().insert_range(start, &entries);
+        let inserted = result.as_ref().map_or(0, |r| r.inserted);
+        for folio in &folios[inserted..] {
+            self.unprepare(folio);
+        }
+        let result = result?;
+        let pages: usize = folios[..inserted].iter().map(FolioRef::nr_pages).sum();
+        self.counters.insertions.add(inserted as u64);
+        self.cached_pages
+            .fetch_add(pages as u64, StatOrdering::Relaxed);
+        Ok(RangeAdd {
+            inserted,
+            stopped: result.stopped,
+            shadows: result.shadows,
+        })
+    }
+
+    /// Removes `folio` from the mapping and frees it, leaving `shadow` (a value entry) in its
+    /// place if given. Succeeds only if nobody but the cache and the caller holds a reference:
+    /// the count is frozen at exactly 2 first, so no reader can take a new one.
+    pub fn remove_folio<'m>(
+        &'m self,
+        folio: FolioRef<'m>,
+        shadow: Option<u64>,
+    ) -> Result<(), RemoveError<'m>> {
+        if !std::ptr::eq(folio.mem, self.mem()) || folio.mapping_id() != self.id {
+            return Err(RemoveError::NotInMapping(folio));
+        }
+        let entry = Entry::Folio {
+            id: folio.pfn,
+            order: folio.order(),
+        };
+        let index = folio.index();
+        let policy = self.mem().policy;
+        {
+            let mut writer = self.lock();
+            if !folio.desc().refcount.freeze(2, policy) {
+                return Err(RemoveError::Busy(folio));
+            }
+            match writer.remove(index, Some(entry), shadow) {
+                Ok(Some(_)) => {}
+                _ => {
+                    folio.desc().refcount.unfreeze(2);
+                    return Err(RemoveError::NotInMapping(folio));
+                }
+            }
+            folio.desc().mapping.store(0, Ordering::Release);
+        }
+        self.counters.removals.inc();
+        self.cached_pages
+            .fetch_sub(folio.nr_pages() as u64, StatOrdering::Relaxed);
+        let pfn = folio.pfn;
+        // Both references were consumed by the freeze: the folio must not be put again.
+        std::mem::forget(folio);
+        self.mem().free_frozen(pfn);
+        Ok(())
+    }
+
+    /// Removes every folio and value lying entirely inside the page range, dropping the cache's
+    /// references (folios still referenced elsewhere are freed when their last holder lets go).
+    /// Returns the number of pages of the folios removed.
+    pub fn truncate(&self, pages: impl RangeBounds<u64>) -> u64 {
+        let removed = {
+            let mut writer = self.lock();
+            let removed = writer.truncate(pages);
+            for (_, entry) in &removed {
+                if let Entry::Folio { id, .. } = entry {
+                    self.mem().desc(*id).mapping.store(0, Ordering::Release);
+                }
+            }
+            removed
+        };
+        let mut total = 0;
+        for (_, entry) in removed {
+            if let Entry::Folio { id, order } = entry {
+                total += 1u64 << order;
+                self.counters.removals.inc();
+                self.mem().put(id);
+            }
+        }
+        self.cached_pages.fetch_sub(total, StatOrdering::Relaxed);
+        total
+    }
+
+    /// The first page index at or after `index` with no folio, scanning at most `max_scan`
+    /// (see [`Index::next_miss`]).
+    pub fn next_miss(&self, index: u64, max_scan: u64) -> u64 {
+        self.index.next_miss(index, max_scan)
+    }
+
+    /// The last page index at or before `index` with no folio, scanning at most `max_scan`
+    /// (see [`Index::prev_miss`]).
+    pub fn prev_miss(&self, index: u64, max_scan: u64) -> u64 {
+        self.index.prev_miss(index, max_scan)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> MappingStats {
+        MappingStats {
+            lookups: self.counters.lookups.get(),
+            index_walks: self.counters.index_walks.get(),
+            lock_acquisitions: self.counters.lock_acquisitions.get(),
+            insertions: self.counters.insertions.get(),
+            removals: self.counters.removals.get(),
+            cached_pages: self.cached_pages.load(StatOrdering::Relaxed),
+            index_nodes: self.index.node_count() as u64,
+            index_bytes: self.index.memory_bytes() as u64,
+        }
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        self.truncate(..);
+    }
+}

@@ -1,0 +1,251 @@
+//! The buddy allocator: naturally aligned blocks of 2^order pages, order 0..=max_order.
+//!
+//! One *zone* holds a free list per order, protected by one mutex (the kernel's zone lock).
+//! Freeing a block merges it with its buddy (the block it pairs with at the next order) as long
+//! as the buddy is free and whole, so the arena always returns to its largest blocks once
+//! everything is freed. Allocation splits the smallest large-enough block and never waits: when
+//! nothing fits it returns `None` and the caller falls back (a smaller order, one by one, or
+//! reclaim).
+//!
+//! Order-0 pages, the hot case, go through *per-thread caches* first, the analogue of the
+//! kernel's per-CPU page lists: each thread is given a cache slot of its own (round robin, so two
+//! threads never share one while there are at least as many slots as threads), refilled from and
+//! drained to the zone in batches. Two threads allocating and freeing order-0 pages therefore
+//! touch the zone lock once per batch, not once per page, and never each other's slot lock.
+//! When the zone runs dry the caches are drained back into it before giving up, so every free
+//! page can be allocated.
+
+use crate::sync::Mutex;
+use crate::sync::unmodelled::{AtomicUsize, Ordering};
+use crossbeam_utils::CachePadded;
+
+const NIL: u32 = u32::MAX;
+const NOT_FREE: u8 = u8::MAX;
+/// Pages a per-thread cache takes from (or gives back to) the zone at once.
+const CACHE_BATCH: usize = 32;
+/// A per-thread cache holding more than this gives a batch back.
+const CACHE_HIGH: usize = 3 * CACHE_BATCH;
+
+#[derive(Debug)]
+struct Zone {
+    /// Head of the free list of each order (NIL when empty).
+    heads: Vec<u32>,
+    next: Vec<u32>,
+    prev: Vec<u32>,
+    /// For the first page of a free block: its order; NOT_FREE otherwise.
+    free_order: Vec<u8>,
+    free_pages: usize,
+}
+
+impl Zone {
+    fn push(&mut self, pfn: u32, order: u8) {
+        let head = self.heads[order as usize];
+        self.next[pfn as usize] = head;
+        self.prev[pfn as usize] = NIL;
+        if head != NIL {
+            self.prev[head as usize] = pfn;
+        }
+        self.heads[order as usize] = pfn;
+        self.free_order[pfn as usize] = order;
+    }
+
+    fn unlink(&mut self, pfn: u32, order: u8) {
+        let (next, prev) = (self.next[pfn as usize], self.prev[pfn as usize]);
+        if prev == NIL {
+            self.heads[order as usize] = next;
+        } else {
+            self.next[prev as usize] = next;
+        }
+        if next != NIL {
+            self.prev[next as usize] = prev;
+        }
+        self.free_order[pfn as usize] = NOT_FREE;
+    }
+
+    fn alloc(&mut self, order: u8) -> Option<u32> {
+        let found = (order as usize..self.heads.len()).find(|&o| self.heads[o] != NIL)?;
+        let pfn = self.heads[found];
+        let mut current = found as u8;
+        self.unlink(pfn, current);
+        // Split: keep the lower half, free the upper half, until the block has the asked order.
+        while current > order {
+            current -= 1;
+            self.push(pfn + (1 << current), current);
+        }
+        self.free_pages -= 1 << order;
+        Some(pfn)
+    }
+
+    fn free(&mut self, mut pfn: u32, mut order: u8) {
+        debug_assert_eq!(pfn % (1 << order), 0, "free of a misaligned block");
+        debug_assert_eq!(
+            self.free_order[pfn as usize], NOT_FREE,
+            "double free of {pfn}"
+        );
+        self.free_pages += 1 << order;
+        let max_order = (self.heads.len() - 1) as u8;
+        while order < max_order {
+            let buddy = pfn ^ (1 << order);
+            if buddy as usize + (1 << order) > self.free_order.len()
+                || self.free_order[buddy as usize] != order
+            {
+                break;
+            }
+            self.unlink(buddy, order);
+            pfn = pfn.min(buddy);
+            order += 1;
+        }
+        self.push(pfn, order);
+    }
+}
+
+/// The allocator of arena pages. Page frame numbers (`pfn`) are page offsets into the arena.
+#[derive(Debug)]
+pub(crate) struct Buddy {
+    zone: Mutex<Zone>,
+    caches: Box<[CachePadded<Mutex<Vec<u32>>>]>,
+    /// Pages sitting in per-thread caches (statistics).
+    cached: AtomicUsize,
+    max_order: u8,
+}
+
+/// The cache slot of the current thread, assigned round robin on first use.
+fn cache_slot(slots: usize) -> usize {
+    use std::cell::Cell;
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    SLOT.with(|slot| {
+        if slot.get() == usize::MAX {
+            slot.set(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        }
+        slot.get() % slots
+    })
+}
+
+impl Buddy {
+    /// An allocator over `pages` pages, all free, carved into the largest aligned blocks.
+    pub(crate) fn new(pages: usize, max_order: u8) -> Self {
+        assert!(
+            pages < NIL as usize,
+            "too many pages for 32-bit page numbers"
+        );
+        let mut zone = Zone {
+            heads: vec![NIL; max_order as usize + 1],
+            next: vec![NIL; pages],
+            prev: vec![NIL; pages],
+            free_order: vec![NOT_FREE; pages],
+            free_pages: 0,
+        };
+        let mut pfn = 0usize;
+        while pfn < pages {
+            let mut order = max_order;
+            while !pfn.is_multiple_of(1 << order) || pfn + (1 << order) > pages {
+                order -= 1;
+            }
+            zone.push(pfn as u32, order);
+            zone.free_pages += 1 << order;
+            pfn += 1 << order;
+        }
+        let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let slots = (2 * threads).clamp(4, 64);
+        Self {
+            zone: Mutex::new(zone),
+            caches: (0..slots)
+                .map(|_| CachePadded::new(Mutex::new(Vec::with_capacity(CACHE_HIGH + 1))))
+                .collect(),
+            cached: AtomicUsize::new(0),
+            max_order,
+        }
+    }
+
+    /// Allocates a naturally aligned block of 2^order pages; `None` when no block is free.
+    pub(crate) fn alloc(&self, order: u8) -> Option<u32> {
+        debug_assert!(order <= self.max_order);
+        if order == 0
+            && let Some(pfn) = self.alloc_cached()
+        {
+            return Some(pfn);
+        }
+        if let Some(pfn) = self.zone.lock().alloc(order) {
+            return Some(pfn);
+        }
+        // Nothing in the zone: pages may be idling in per-thread caches. Give them back (they
+        // coalesce) and try once more.
+        self.drain_caches();
+        self.zone.lock().alloc(order)
+    }
+
+    fn alloc_cached(&self) -> Option<u32> {
+        let mut cache = self.caches[cache_slot(self.caches.len())].lock();
+        if cache.is_empty() {
+            let mut zone = self.zone.lock();
+            for _ in 0..CACHE_BATCH {
+                match zone.alloc(0) {
+                    Some(pfn) => cache.push(pfn),
+                    None => break,
+                }
+            }
+            self.cached.fetch_add(cache.len(), Ordering::Relaxed);
+        }
+        let pfn = cache.pop()?;
+        self.cached.fetch_sub(1, Ordering::Relaxed);
+        Some(pfn)
+    }
+
+    /// Frees a block previously returned by `alloc(order)`.
+    pub(crate) fn free(&self, pfn: u32, order: u8) {
+        if order == 0 {
+            let mut cache = self.caches[cache_slot(self.caches.len())].lock();
+            cache.push(pfn);
+            self.cached.fetch_add(1, Ordering::Relaxed);
+            if cache.len() > CACHE_HIGH {
+                let keep = cache.len() - CACHE_BATCH;
+                let mut zone = self.zone.lock();
+                for pfn in cache.drain(keep..) {
+                    zone.free(pfn, 0);
+                }
+                self.cached.fetch_sub(CACHE_BATCH, Ordering::Relaxed);
+            }
+            return;
+        }
+        self.zone.lock().free(pfn, order);
+    }
+
+    /// Moves every page held by per-thread caches back to the zone.
+    pub(crate) fn drain_caches(&self) {
+        for cache in &*self.caches {
+            let mut cache = cache.lock();
+            if cache.is_empty() {
+                continue;
+            }
+            let mut zone = self.zone.lock();
+            self.cached.fetch_sub(cache.len(), Ordering::Relaxed);
+            for pfn in cache.drain(..) {
+                zone.free(pfn, 0);
+            }
+        }
+    }
+
+    /// Free pages, per-thread caches included.
+    pub(crate) fn free_pages(&self) -> usize {
+        self.zone.lock().free_pages + self.cached.load(Ordering::Relaxed)
+    }
+
+    /// How many free blocks the zone holds of each order (per-thread caches not included).
+    pub(crate) fn free_blocks_by_order(&self) -> Vec<usize> {
+        let zone = self.zone.lock();
+        (0..zone.heads.len())
+            .map(|order| {
+                let mut count = 0;
+                let mut pfn = zone.heads[order];
+                while pfn != NIL {
+                    count += 1;
+                    pfn = zone.next[pfn as usize];
+                }
+                count
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,141 @@
+//! Memory: the arena, the buddy allocator, the folio table and the reference-count protocol.
+//!
+//! [`Memory`] ties them together. A folio's life:
+//! 1. `alloc_folio(order)`: the buddy allocator hands out a naturally aligned block; its head
+//!    descriptor gets its order and its first reference (`init`), and the caller gets a
+//!    [`FolioRef`]. The folio is private: no index holds it, no reader can reach it.
+//! 2. A mapping inserts it (and takes the page cache's own reference); from then on lockless
+//!    readers can find it and take speculative references.
+//! 3. It leaves the mapping either by removal (freeze at the expected count, unhook, free: no
+//!    reader can hold it) or by truncation (unhook, drop the cache's reference: readers that
+//!    still hold references keep it alive).
+//! 4. Whoever drops the last reference frees it: the free path reads the order from the
+//!    descriptor itself, never from the caller.
+
+pub(crate) mod arena;
+pub(crate) mod buddy;
+pub(crate) mod folio;
+pub mod refcount;
+mod wait;
+
+use crate::error::Error;
+use arena::Arena;
+use buddy::Buddy;
+use folio::FolioDesc;
+pub use folio::{FolioRef, flag};
+use refcount::RefcountPolicy;
+
+use crate::sync::Ordering;
+
+/// Size of a page, the unit of the arena and of page indexes.
+pub const PAGE_SIZE: usize = 4096;
+/// log2 of [`PAGE_SIZE`].
+pub const PAGE_SHIFT: u32 = 12;
+/// The largest folio order (2 MiB folios), as the kernel's PMD order on x86-64.
+pub const MAX_ORDER: u8 = 9;
+
+/// The memory of one cache: arena, allocator and descriptors.
+#[derive(Debug)]
+pub(crate) struct Memory {
+    arena: Arena,
+    buddy: Buddy,
+    table: Box<[FolioDesc]>,
+    pub(crate) policy: RefcountPolicy,
+    pub(crate) max_order: u8,
+}
+
+impl Memory {
+    pub(crate) fn new(
+        pages: usize,
+        max_order: u8,
+        huge_pages: bool,
+        policy: RefcountPolicy,
+    ) -> Result<Self, Error> {
+        let align = PAGE_SIZE << MAX_ORDER;
+        let arena = Arena::new(pages, align, huge_pages)?;
+        Ok(Self {
+            buddy: Buddy::new(pages, max_order),
+            table: (0..pages).map(|_| FolioDesc::new(policy)).collect(),
+            arena,
+            policy,
+            max_order,
+        })
+    }
+
+    pub(crate) fn prefault(&self) -> std::io::Result<()> {
+        self.arena.prefault()
+    }
+
+    pub(crate) fn desc(&self, pfn: u32) -> &FolioDesc {
+        &self.table[pfn as usize]
+    }
+
+    pub(crate) fn page_ptr(&self, pfn: u32) -> *mut u8 {
+        self.arena.page_ptr(pfn as usize)
+    }
+
+    pub(crate) fn pages(&self) -> usize {
+        self.arena.pages()
+    }
+
+    /// Allocates a private folio of `2^order` pages with one reference (the caller's).
+    pub(crate) fn alloc_folio(&self, order: u8) -> Result<FolioRef<'_>, Error> {
+        if order > self.max_order {
+            return Err(Error::OrderTooLarge {
+                order,
+                max: self.max_order,
+            });
+        }
+        let pfn = self.buddy.alloc(order).ok_or(Error::NoMemory { order })?;
+        let desc = self.desc(pfn);
+        desc.order.store(order, Ordering::Relaxed);
+        desc.flags.store(0, Ordering::Relaxed);
+        desc.mapping.store(0, Ordering::Relaxed);
+        desc.index.store(0, Ordering::Relaxed);
+        // Release: a speculative getter whose increment lands after this sees the fields above
+        // and everything that happened before the block was freed.
+        desc.refcount.init();
+        Ok(FolioRef { mem: self, pfn })
+    }
+
+    /// Takes a speculative reference on folio `pfn` unless it is free or frozen. The caller
+    /// must then validate the folio's identity (re-check the index slot it came from).
+    pub(crate) fn try_get(&self, pfn: u32) -> Option<FolioRef<'_>> {
+        // Build the guard only on success: its drop is a `put`.
+        if self.desc(pfn).refcount.try_get(self.policy) {
+            Some(FolioRef { mem: self, pfn })
+        } else {
+            None
+        }
+    }
+
+    /// Drops one reference; frees the folio if it was the last.
+    pub(crate) fn put(&self, pfn: u32) {
+        if self.desc(pfn).refcount.put(self.policy) {
+            self.free_frozen(pfn);
+        }
+    }
+
+    /// Returns a folio whose count is frozen (last put, or a successful freeze) to the
+    /// allocator. What to free is read from the descriptor itself.
+    pub(crate) fn free_frozen(&self, pfn: u32) {
+        let desc = self.desc(pfn);
+        debug_assert!(desc.refcount.is_frozen(self.policy));
+        let order = desc.order.load(Ordering::Relaxed);
+        desc.mapping.store(0, Ordering::Relaxed);
+        desc.flags.store(0, Ordering::Relaxed);
+        self.buddy.free(pfn, order);
+    }
+
+    pub(crate) fn free_pages(&self) -> usize {
+        self.buddy.free_pages()
+    }
+
+    pub(crate) fn drain_caches(&self) {
+        self.buddy.drain_caches();
+    }
+
+    pub(crate) fn free_blocks_by_order(&self) -> Vec<usize> {
+        self.buddy.free_blocks_by_order()
+    }
+}

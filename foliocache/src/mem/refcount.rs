@@ -1,0 +1,292 @@
+//! The folio reference count: one protocol, two variants (seed 002).
+//!
+//! A folio's count says how many owners it has. The page cache holds one reference while the
+//! folio is in an index, every lookup that returns a folio holds one, and whoever allocated it
+//! holds one until it lets go. Readers take their reference *speculatively*: they find a folio in
+//! the index without any lock, so by the time they touch its count the folio may have been
+//! removed, freed, and even handed out again for another file. Descriptors are never freed
+//! (`FolioTable` is type-stable), so touching the count of a stale descriptor is always memory
+//! safe; the protocol's job is to make that touch harmless:
+//!
+//! * [`RefCount::try_get`] refuses to take a reference on a folio that is free or *frozen*, so a
+//!   freed folio is never resurrected;
+//! * [`RefCount::freeze`] turns "exactly `expected` references" into frozen in one atomic step,
+//!   so a remover either sees every reader (and gives up) or no reader can get in after it;
+//! * [`RefCount::put`] tells exactly one caller that it dropped the last reference; that caller
+//!   frees the folio, reading what to free from the descriptor itself, never from its own idea
+//!   of what the folio was.
+//!
+//! # The two variants ([`RefcountPolicy`])
+//!
+//! **`Cas`**, the classic kernel encoding before seed 002: zero means dead. `try_get` is "add one
+//! unless zero", a load + compare-exchange loop. Under contention every failed CAS reloads and
+//! retries, so N readers of one folio serialise on retries.
+//!
+//! **`FrozenBit`** (seed 002, the default): bit 31 marks frozen/dead and the low 31 bits count.
+//! `try_get` is a single `fetch_add`; success iff the *result* has bit 31 clear. A failed
+//! increment is left in place: it only dirties the garbage low bits of a frozen value, which the
+//! next `init`/`unfreeze` overwrites. So that garbage can never carry into bit 31's neighbour and
+//! wrap, a `try_get` that sees the value at or above `0xC000_0000` (frozen plus 2^30 of garbage)
+//! resets it to plain `FROZEN` with a compare-exchange: the overflow guard, off the hot path.
+//! `put` is decrement-and-test; when it reaches zero it must still win a compare-exchange
+//! `0 → FROZEN`, because a speculative getter may have incremented `0 → 1` in between and now
+//! owns the folio. Zero is never a resting state: it exists only between a putter's decrement and
+//! its compare-exchange.
+//!
+//! # Memory orderings
+//!
+//! Every read-modify-write that decides ownership (`try_get`'s add, `put`'s decrement, `freeze`)
+//! is `SeqCst`, as the kernel's fully ordered atomics; the follow-up `0 → FROZEN` compare-exchange
+//! is `Acquire` on success so that the freeing thread sees every earlier owner's writes to the
+//! folio before the memory is reused (the acquire fence of `Arc::drop`, for the same reason).
+//! The overflow reset is `Relaxed`: it acts on one location whose RMW order is total and
+//! publishes nothing. `init` and `unfreeze` are `Release` stores: a getter whose increment lands
+//! after them synchronises with everything the allocating or unfreezing thread did before, in
+//! particular with the removal of the folio's previous identity from its index, which is what
+//! makes the reader's re-check of the index slot (`reload`) meaningful. The loom models in
+//! `tests/loom_refcount.rs` and `tests/loom_lookup.rs` check these claims.
+//!
+//! # What each variant guarantees
+//!
+//! Both: `try_get` never succeeds on a free or frozen count; `freeze(n)` succeeds only when the
+//! count is exactly `n` and no reference can be taken until `unfreeze` or a new `init`; exactly
+//! one `put` of a count's last reference reports `true`. `FrozenBit` additionally makes a
+//! successful `try_get` wait-free (one instruction) and a failed one cheap.
+
+use crate::sync::{AtomicU32, Ordering};
+
+/// Which reference-count protocol a cache uses (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RefcountPolicy {
+    /// Seed 002: bit 31 marks frozen; `try_get` is one `fetch_add`. The default.
+    #[default]
+    FrozenBit,
+    /// The classic protocol: zero means dead; `try_get` is an add-unless-zero CAS loop.
+    Cas,
+}
+
+/// Bit 31: the count is frozen (FrozenBit variant).
+pub const FROZEN: u32 = 1 << 31;
+/// At or above this value a frozen count's garbage is reset to [`FROZEN`].
+pub const FROZEN_LIMIT: u32 = 0xC000_0000;
+
+/// A folio reference count. The policy is passed to every call rather than stored, because it
+/// is a property of the whole cache and the descriptor must stay small.
+#[derive(Debug)]
+pub struct RefCount(AtomicU32);
+
+impl RefCount {
+    /// A count in the free state of `policy` (what a descriptor holds before its first use).
+    pub fn new_free(policy: RefcountPolicy) -> Self {
+        Self(AtomicU32::new(free_value(policy)))
+    }
+
+    /// Gives a freshly allocated folio its first reference. Only the allocator calls this, on a
+    /// count that is free (frozen); it overwrites any garbage left by failed speculative getters.
+    pub fn init(&self) {
+        self.0.store(1, Ordering::Release);
+    }
+
+    /// Takes a reference unless the folio is free or frozen. See the module documentation.
+    #[inline]
+    pub fn try_get(&self, policy: RefcountPolicy) -> bool {
+        match policy {
+            RefcountPolicy::FrozenBit => {
+                let now = self.0.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+                if now & FROZEN == 0 {
+                    return true;
+                }
+                self.reset_garbage(now);
+                false
+            }
+            RefcountPolicy::Cas => {
+                let mut current = self.0.load(Ordering::Relaxed);
+                loop {
+                    if current == 0 {
+                        return false;
+                    }
+                    match self.0.compare_exchange_weak(
+                        current,
+                        current + 1,
+                        Ordering::SeqCst,
+                        Ordering::Relaxed,
+                    ) {
+                        Ok(_) => return true,
+                        Err(seen) => current = seen,
+                    }
+                }
+            }
+        }
+    }
+
+    /// The overflow guard of the FrozenBit variant: runs only after a failed `try_get`.
+    #[cold]
+    fn reset_garbage(&self, mut seen: u32) {
+        while seen >= FROZEN_LIMIT {
+            match self
+                .0
+                .compare_exchange(seen, FROZEN, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(now) => seen = now,
+            }
+        }
+    }
+
+    /// Takes another reference; the caller must already hold one (the count is live).
+    #[inline]
+    pub fn get(&self) {
+        let before = self.0.fetch_add(1, Ordering::Relaxed);
+        debug_assert!(before != 0 && before & FROZEN == 0, "get on a dead folio");
+    }
+
+    /// Drops a reference. Returns `true` for exactly one caller: the one that dropped the last
+    /// reference and must now free the folio (the count is then frozen / zero).
+    #[inline]
+    pub fn put(&self, policy: RefcountPolicy) -> bool {
+        let before = self.0.fetch_sub(1, Ordering::SeqCst);
+        debug_assert!(before != 0 && before & FROZEN == 0, "put on a dead folio");
+        if before != 1 {
+            return false;
+        }
+        match policy {
+            RefcountPolicy::Cas => true,
+            // Zero is only "staged for freeing": a speculative getter may have made it 1 again,
+            // in which case it owns the folio now and will run this same sequence itself.
+            RefcountPolicy::FrozenBit => self
+                .0
+                .compare_exchange(0, FROZEN, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok(),
+        }
+    }
+
+    /// Freezes the count if it is exactly `expected` (the caller's references included).
+    /// On success no reference can be taken until [`unfreeze`](Self::unfreeze) or a new
+    /// [`init`](Self::init); on failure nothing changed.
+    #[inline]
+    pub fn freeze(&self, expected: u32, policy: RefcountPolicy) -> bool {
+        debug_assert!(expected != 0 && expected & FROZEN == 0);
+        self.0
+            .compare_exchange(
+                expected,
+                free_value(policy),
+                Ordering::SeqCst,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// Makes a frozen count live again with `count` references (overwriting FrozenBit garbage).
+    #[inline]
+    pub fn unfreeze(&self, count: u32) {
+        debug_assert!(count != 0 && count & FROZEN == 0);
+        self.0.store(count, Ordering::Release);
+    }
+
+    /// The number of references; 0 for a free or frozen count.
+    pub fn count(&self, policy: RefcountPolicy) -> u32 {
+        let value = self.0.load(Ordering::Acquire);
+        match policy {
+            RefcountPolicy::FrozenBit if value & FROZEN != 0 => 0,
+            _ => value,
+        }
+    }
+
+    /// Whether the count is free or frozen.
+    pub fn is_frozen(&self, policy: RefcountPolicy) -> bool {
+        let value = self.0.load(Ordering::Acquire);
+        match policy {
+            RefcountPolicy::FrozenBit => value & FROZEN != 0,
+            RefcountPolicy::Cas => value == 0,
+        }
+    }
+
+    /// The raw value, for tests and debugging.
+    pub fn raw(&self) -> u32 {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// The value of a free or frozen count under `policy`.
+pub const fn free_value(policy: RefcountPolicy) -> u32 {
+    match policy {
+        RefcountPolicy::FrozenBit => FROZEN,
+        RefcountPolicy::Cas => 0,
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    const BOTH: [RefcountPolicy; 2] = [RefcountPolicy::FrozenBit, RefcountPolicy::Cas];
+
+    #[test]
+    fn free_count_refuses_try_get() {
+        for policy in BOTH {
+            let count = RefCount::new_free(policy);
+            assert!(!count.try_get(policy));
+            assert!(count.is_frozen(policy));
+            assert_eq!(count.count(policy), 0);
+        }
+    }
+
+    #[test]
+    fn last_put_is_reported_once() {
+        for policy in BOTH {
+            let count = RefCount::new_free(policy);
+            count.init();
+            assert!(count.try_get(policy));
+            assert_eq!(count.count(policy), 2);
+            assert!(!count.put(policy));
+            assert!(count.put(policy));
+            assert!(count.is_frozen(policy));
+            assert!(
+                !count.try_get(policy),
+                "a freed count must not be resurrected"
+            );
+        }
+    }
+
+    #[test]
+    fn freeze_needs_the_exact_count() {
+        for policy in BOTH {
+            let count = RefCount::new_free(policy);
+            count.init();
+            count.get();
+            assert!(!count.freeze(1, policy));
+            assert_eq!(count.count(policy), 2);
+            assert!(count.freeze(2, policy));
+            assert!(!count.try_get(policy));
+            count.unfreeze(3);
+            assert_eq!(count.count(policy), 3);
+        }
+    }
+
+    #[test]
+    fn failed_try_get_leaves_garbage_that_unfreeze_overwrites() {
+        let policy = RefcountPolicy::FrozenBit;
+        let count = RefCount::new_free(policy);
+        for _ in 0..10 {
+            assert!(!count.try_get(policy));
+        }
+        assert_eq!(count.raw(), FROZEN + 10);
+        assert_eq!(count.count(policy), 0);
+        count.init();
+        assert_eq!(count.raw(), 1);
+    }
+
+    #[test]
+    fn overflow_guard_resets_runaway_garbage() {
+        let policy = RefcountPolicy::FrozenBit;
+        let count = RefCount(AtomicU32::new(FROZEN_LIMIT - 1));
+        // This failed increment reaches the limit: the guard resets the value to FROZEN.
+        assert!(!count.try_get(policy));
+        assert_eq!(count.raw(), FROZEN);
+        // Right at the wrap point the guard also holds: 0xFFFF_FFFF + 1 would wrap to 0, a live
+        // looking value, which is exactly what the guard exists to prevent long before.
+        let count = RefCount(AtomicU32::new(u32::MAX - 1));
+        assert!(!count.try_get(policy));
+        assert_eq!(count.raw(), FROZEN);
+    }
+}

@@ -1,0 +1,254 @@
+//! Stress: speculative lookups with real threads against writers that insert, remove (freeze),
+//! truncate, free and reuse folios.
+//!
+//! Two files share one small cache, so a freed folio is soon reused by the other file or at
+//! another index. Every page of a folio is stamped with `(mapping id, page index)` before the
+//! folio is inserted; a reader that gets a folio back from `lookup` or `get_batch` must find
+//! exactly the stamp of the page it asked for, at any moment, however the folio was recycled.
+//! Each writer also keeps a `BTreeMap` model of its file, compared with the index at the end.
+//!
+//! Duration: `FOLIOCACHE_STRESS_SECS` seconds per refcount policy (default 2).
+
+use foliocache::index::Entry;
+use foliocache::{Cache, FolioBatch, FolioRef, Mapping, PAGE_SIZE, Policy, RefcountPolicy};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PAGES_PER_FILE: u64 = 256;
+const CACHE_PAGES: u64 = 320;
+
+fn duration() -> Duration {
+    let secs = std::env::var("FOLIOCACHE_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .unwrap_or(2.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// A small, fast, seedable generator (xorshift64*), so the test needs no extra dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn stamp_words<'a>(folio: &'a FolioRef<'_>, page: usize) -> [&'a AtomicU64; 2] {
+    assert!(page < folio.nr_pages());
+    // SAFETY: (test) the pointer is inside the folio, 8-byte aligned (pages are 4 KiB aligned),
+    // and the folio is pinned by the reference for the borrow's lifetime. Stamps are only ever
+    // accessed atomically.
+    unsafe {
+        let base = folio.as_ptr().add(page * PAGE_SIZE).cast::<AtomicU64>();
+        [&*base, &*base.add(1)]
+    }
+}
+
+fn stamp(folio: &FolioRef<'_>, mapping: u64, first: u64) {
+    for page in 0..folio.nr_pages() {
+        let [m, i] = stamp_words(folio, page);
+        m.store(mapping, Ordering::Relaxed);
+        i.store(first + page as u64, Ordering::Relaxed);
+    }
+}
+
+fn check(folio: &FolioRef<'_>, mapping: &Mapping, index: u64) {
+    // Wait for the fill to end, as a reader of the page cache does.
+    folio.wait_unlocked();
+    assert!(
+        folio.is_uptodate(),
+        "a folio in the cache ended its fill without success"
+    );
+    let first = folio.index();
+    assert!(
+        first <= index && index < first + folio.nr_pages() as u64,
+        "folio does not cover {index}"
+    );
+    let owner = folio.mapping_id();
+    assert!(
+        owner == mapping.id() || owner == 0,
+        "folio of mapping {owner} returned for {}",
+        mapping.id()
+    );
+    let [m, i] = stamp_words(folio, (index - first) as usize);
+    let (m, i) = (m.load(Ordering::Relaxed), i.load(Ordering::Relaxed));
+    assert_eq!((m, i), (mapping.id(), index), "read another page's bytes");
+}
+
+fn writer(
+    cache: &Cache,
+    file: &Mapping,
+    stop: &AtomicBool,
+    seed: u64,
+) -> (u64, BTreeMap<u64, (u32, u8)>) {
+    let mut rng = Rng(seed);
+    let mut model: BTreeMap<u64, (u32, u8)> = BTreeMap::new();
+    let mut ops = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        ops += 1;
+        let order = [0u8, 0, 0, 1, 2, 3][rng.below(6) as usize];
+        let first = rng.below(PAGES_PER_FILE) & !((1u64 << order) - 1);
+        let covered: Vec<u64> = model
+            .range(..first + (1 << order))
+            .filter(|(f, (_, o))| **f + (1u64 << o) > first)
+            .map(|(f, _)| *f)
+            .collect();
+        match rng.below(10) {
+            // Insert one folio, or a run of order-0 folios under one lock hold.
+            0..=5 if covered.is_empty() => {
+                let run = if rng.below(4) == 0 {
+                    1 + rng.below(6)
+                } else {
+                    0
+                };
+                if run > 0 {
+                    let folios: Vec<_> =
+                        (0..run).map_while(|_| cache.alloc_folio(0).ok()).collect();
+                    for (k, f) in folios.iter().enumerate() {
+                        stamp(f, file.id(), first + k as u64);
+                    }
+                    let added = file.add_folio_range(first, &folios).unwrap();
+                    for (k, f) in folios.iter().take(added.inserted).enumerate() {
+                        f.end_read(true);
+                        model.insert(first + k as u64, (f.id(), 0));
+                    }
+                } else if let Ok(f) = cache.alloc_folio(order) {
+                    stamp(&f, file.id(), first);
+                    file.add_folio(&f, first).unwrap();
+                    f.end_read(true);
+                    model.insert(first, (f.id(), order));
+                }
+            }
+            // Remove with freeze (fails while a reader holds a reference).
+            0..=7 => {
+                let shadow = (rng.below(2) == 0).then_some(7);
+                if let Some(&at) = covered.first()
+                    && let Some(f) = file.lookup(at)
+                    && file.remove_folio(f, shadow).is_ok()
+                {
+                    model.remove(&at);
+                }
+            }
+            // Truncate a small range (no freeze: readers may keep the folios alive).
+            _ => {
+                let len = 1 + rng.below(16);
+                let removed = file.truncate(first..first + len);
+                let gone: Vec<u64> = model
+                    .range(first..first + len)
+                    .filter(|(f, (_, o))| **f + (1u64 << o) <= first + len)
+                    .map(|(f, _)| *f)
+                    .collect();
+                let pages: u64 = gone.iter().map(|f| 1u64 << model[f].1).sum();
+                assert_eq!(removed, pages);
+                for f in gone {
+                    model.remove(&f);
+                }
+            }
+        }
+    }
+    (ops, model)
+}
+
+fn reader(files: &[Mapping; 2], stop: &AtomicBool, seed: u64) -> (u64, u64) {
+    let mut rng = Rng(seed);
+    let (mut lookups, mut hits) = (0u64, 0u64);
+    let mut batch = FolioBatch::new();
+    while !stop.load(Ordering::Relaxed) {
+        let file = &files[rng.below(2) as usize];
+        let index = rng.below(PAGES_PER_FILE);
+        lookups += 1;
+        if rng.below(4) == 0 {
+            file.get_batch(index, 31, &mut batch);
+            let mut want = index;
+            for folio in batch.folios() {
+                hits += 1;
+                check(folio, file, want);
+                want = folio.index() + folio.nr_pages() as u64;
+            }
+            batch.clear();
+        } else if let Some(folio) = file.lookup(index) {
+            hits += 1;
+            check(&folio, file, index);
+        }
+    }
+    (lookups, hits)
+}
+
+fn run(policy: RefcountPolicy) {
+    let cache = Cache::builder()
+        .capacity(CACHE_PAGES * PAGE_SIZE as u64)
+        .max_order(3)
+        .policy(Policy { refcount: policy })
+        .build()
+        .unwrap();
+    let files = [cache.new_mapping(), cache.new_mapping()];
+    let stop = AtomicBool::new(false);
+    let start = Instant::now();
+    let (writes, reads) = std::thread::scope(|s| {
+        let writers: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(k, file)| {
+                let (cache, stop) = (&cache, &stop);
+                s.spawn(move || writer(cache, file, stop, 0x9E37_79B9 + k as u64))
+            })
+            .collect();
+        let readers: Vec<_> = (0..2)
+            .map(|k| {
+                let (files, stop) = (&files, &stop);
+                s.spawn(move || reader(files, stop, 0xDEAD_BEEF + k))
+            })
+            .collect();
+        std::thread::sleep(duration());
+        stop.store(true, Ordering::Relaxed);
+        let writes: Vec<_> = writers.into_iter().map(|h| h.join().unwrap()).collect();
+        let reads: Vec<_> = readers.into_iter().map(|h| h.join().unwrap()).collect();
+        (writes, reads)
+    });
+    // The index of each file is exactly its writer's model.
+    for (file, (_, model)) in files.iter().zip(&writes) {
+        let folios: BTreeMap<u64, (u32, u8)> = file
+            .index()
+            .entries()
+            .into_iter()
+            .filter_map(|(at, e)| match e {
+                Entry::Folio { id, order } => Some((at, (id, order))),
+                Entry::Value { .. } => None,
+            })
+            .collect();
+        assert_eq!(&folios, model);
+        let pages: u64 = model.values().map(|(_, o)| 1u64 << o).sum();
+        assert_eq!(file.stats().cached_pages, pages);
+    }
+    let write_ops: u64 = writes.iter().map(|(n, _)| n).sum();
+    let (lookups, hits): (u64, u64) = reads.iter().fold((0, 0), |a, r| (a.0 + r.0, a.1 + r.1));
+    eprintln!(
+        "{policy:?}: {:.1}s, {write_ops} writer ops, {lookups} lookups, {hits} folios checked",
+        start.elapsed().as_secs_f64()
+    );
+    assert!(hits > 0 && write_ops > 0, "the stress did no work");
+    drop(files);
+    cache.drain_cpu_caches();
+    assert_eq!(
+        cache.stats().free_pages,
+        CACHE_PAGES,
+        "every folio was freed"
+    );
+}
+
+#[test]
+fn stress_frozen_bit() {
+    run(RefcountPolicy::FrozenBit);
+}
+
+#[test]
+fn stress_cas() {
+    run(RefcountPolicy::Cas);
+}
