@@ -81,6 +81,12 @@ impl RefCount {
         Self(AtomicU32::new(free_value(policy)))
     }
 
+    /// A count holding `value` as is: for tests and model checking (e.g. a frozen value with
+    /// runaway garbage, to exercise the overflow guard).
+    pub fn with_raw(value: u32) -> Self {
+        Self(AtomicU32::new(value))
+    }
+
     /// Gives a freshly allocated folio its first reference. Only the allocator calls this, on a
     /// count that is free (frozen); it overwrites any garbage left by failed speculative getters.
     pub fn init(&self) {

@@ -1,0 +1,101 @@
+//! loom models of the speculative lookup against removal, truncation and reuse, on the real
+//! cache: arena, allocator, folio table, index and mapping, with loom's atomics underneath.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom_lookup`
+#![cfg(loom)]
+
+use foliocache::{Cache, Policy, RefcountPolicy};
+use loom::sync::Arc;
+use loom::thread;
+
+const BOTH: [RefcountPolicy; 2] = [RefcountPolicy::FrozenBit, RefcountPolicy::Cas];
+
+fn small_cache(refcount: RefcountPolicy) -> Cache {
+    Cache::builder()
+        .capacity(4 * 4096)
+        .max_order(0)
+        .policy(Policy { refcount })
+        .build()
+        .unwrap()
+}
+
+/// A reader looks up page 0 of file A while a writer removes that folio (freeze at the expected
+/// count) and immediately reuses its memory for page 0 of file B. The reader gets either
+/// nothing or A's folio, and if it holds A's folio, the removal must have failed.
+#[test]
+fn lookup_vs_removal_and_reuse() {
+    for policy in BOTH {
+        loom::model(move || {
+            let cache = small_cache(policy);
+            let a = Arc::new(cache.new_mapping());
+            let b = Arc::new(cache.new_mapping());
+            {
+                let folio = cache.alloc_folio(0).unwrap();
+                a.add_folio(&folio, 0).unwrap();
+                folio.end_read(true);
+            }
+            let reader = {
+                let a = a.clone();
+                thread::spawn(move || {
+                    if let Some(folio) = a.lookup(0) {
+                        assert_eq!(
+                            folio.mapping_id(),
+                            a.id(),
+                            "{policy:?}: a reused folio was returned"
+                        );
+                        assert_eq!(folio.index(), 0);
+                        assert!(folio.is_uptodate());
+                    }
+                })
+            };
+            if let Some(folio) = a.lookup(0)
+                && a.remove_folio(folio, None).is_ok()
+            {
+                // The freed page is the first the allocator hands out again.
+                let reused = cache.alloc_folio(0).unwrap();
+                b.add_folio(&reused, 0).unwrap();
+                reused.end_read(true);
+            }
+            reader.join().unwrap();
+        });
+    }
+}
+
+/// A reader looks up page 0 while a writer truncates it (no freeze) and reuses free memory for
+/// file B. The reader may get the truncated folio (its reference keeps it alive) but never B's.
+#[test]
+fn lookup_vs_truncation_and_reuse() {
+    for policy in BOTH {
+        loom::model(move || {
+            let cache = small_cache(policy);
+            let a = Arc::new(cache.new_mapping());
+            let b = Arc::new(cache.new_mapping());
+            let id;
+            {
+                let folio = cache.alloc_folio(0).unwrap();
+                id = folio.id();
+                a.add_folio(&folio, 0).unwrap();
+                folio.end_read(true);
+            }
+            let reader = {
+                let (a, b) = (a.clone(), b.clone());
+                thread::spawn(move || {
+                    if let Some(folio) = a.lookup(0) {
+                        assert_eq!(folio.id(), id);
+                        assert_ne!(
+                            folio.mapping_id(),
+                            b.id(),
+                            "{policy:?}: B's folio returned for A"
+                        );
+                        assert_eq!(folio.index(), 0);
+                    }
+                })
+            };
+            assert_eq!(a.truncate(0..1), 1);
+            let reused = cache.alloc_folio(0).unwrap();
+            b.add_folio(&reused, 0).unwrap();
+            reused.end_read(true);
+            reader.join().unwrap();
+        });
+    }
+}
