@@ -1,1 +1,37 @@
-fn main() {}
+//! `fcache`: foliocache's command-line tool. `fcache bench` runs the benchmark suites.
+
+mod bench;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "fcache",
+    version,
+    about = "foliocache: a user-space page cache, measured"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run benchmark suites (all of them, quick size, when no suite is named).
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(args) => bench::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("fcache: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -120,6 +120,9 @@ pub struct Stats {
     pub folio_table_bytes: u64,
     /// The largest folio order.
     pub max_order: u8,
+    /// Times the allocator's shared free lists were locked (order-0 traffic mostly stays in
+    /// per-thread caches and takes it once per batch).
+    pub zone_lock_acquisitions: u64,
 }
 
 /// A page cache in user space: a bounded arena of folios and the mappings that index them.
@@ -165,6 +168,7 @@ impl Cache {
             folio_table_bytes: (mem.pages() * std::mem::size_of::<crate::mem::folio::FolioDesc>())
                 as u64,
             max_order: mem.max_order,
+            zone_lock_acquisitions: mem.zone_lock_count(),
         }
     }
 

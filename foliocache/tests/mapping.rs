@@ -260,7 +260,19 @@ fn bad_input_is_an_error() {
         file.add_folio(&foreign, 0),
         Err(Error::ForeignFolio)
     ));
-    // The last page index is usable, one past it is not representable.
+    // The last page index is usable; a run that would go past it is refused whole.
+    let run: Vec<_> = (0..2).map(|_| cache.alloc_folio(0).unwrap()).collect();
+    assert!(matches!(
+        file.add_folio_range(u64::MAX, &run),
+        Err(Error::IndexOverflow {
+            index: u64::MAX,
+            order: 0
+        })
+    ));
+    assert!(
+        run.iter()
+            .all(|f| f.mapping_id() == 0 && f.ref_count() == 1)
+    );
     file.add_folio(&other, u64::MAX).unwrap();
     assert!(file.lookup(u64::MAX).is_some());
 }

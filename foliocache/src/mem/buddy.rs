@@ -16,7 +16,8 @@
 //! page can be allocated.
 
 use crate::sync::Mutex;
-use crate::sync::unmodelled::{AtomicUsize, Ordering};
+use crate::sync::MutexGuard;
+use crate::sync::unmodelled::{AtomicUsize, Counter, Ordering};
 use crossbeam_utils::CachePadded;
 
 const NIL: u32 = u32::MAX;
@@ -106,6 +107,8 @@ pub(crate) struct Buddy {
     caches: Box<[CachePadded<Mutex<Vec<u32>>>]>,
     /// Pages sitting in per-thread caches (statistics).
     cached: AtomicUsize,
+    /// Times the zone lock was taken (statistics: shows the per-thread caches at work).
+    zone_locks: Counter,
     max_order: u8,
 }
 
@@ -156,8 +159,19 @@ impl Buddy {
                 .map(|_| CachePadded::new(Mutex::new(Vec::with_capacity(CACHE_HIGH + 1))))
                 .collect(),
             cached: AtomicUsize::new(0),
+            zone_locks: Counter::default(),
             max_order,
         }
+    }
+
+    fn zone(&self) -> MutexGuard<'_, Zone> {
+        self.zone_locks.inc();
+        self.zone.lock()
+    }
+
+    /// Times the zone lock was taken.
+    pub(crate) fn zone_lock_count(&self) -> u64 {
+        self.zone_locks.get()
     }
 
     /// Allocates a naturally aligned block of 2^order pages; `None` when no block is free.
@@ -168,19 +182,19 @@ impl Buddy {
         {
             return Some(pfn);
         }
-        if let Some(pfn) = self.zone.lock().alloc(order) {
+        if let Some(pfn) = self.zone().alloc(order) {
             return Some(pfn);
         }
         // Nothing in the zone: pages may be idling in per-thread caches. Give them back (they
         // coalesce) and try once more.
         self.drain_caches();
-        self.zone.lock().alloc(order)
+        self.zone().alloc(order)
     }
 
     fn alloc_cached(&self) -> Option<u32> {
         let mut cache = self.caches[cache_slot(self.caches.len())].lock();
         if cache.is_empty() {
-            let mut zone = self.zone.lock();
+            let mut zone = self.zone();
             for _ in 0..CACHE_BATCH {
                 match zone.alloc(0) {
                     Some(pfn) => cache.push(pfn),
@@ -202,7 +216,7 @@ impl Buddy {
             self.cached.fetch_add(1, Ordering::Relaxed);
             if cache.len() > CACHE_HIGH {
                 let keep = cache.len() - CACHE_BATCH;
-                let mut zone = self.zone.lock();
+                let mut zone = self.zone();
                 for pfn in cache.drain(keep..) {
                     zone.free(pfn, 0);
                 }
@@ -210,7 +224,7 @@ impl Buddy {
             }
             return;
         }
-        self.zone.lock().free(pfn, order);
+        self.zone().free(pfn, order);
     }
 
     /// Moves every page held by per-thread caches back to the zone.
@@ -220,7 +234,7 @@ impl Buddy {
             if cache.is_empty() {
                 continue;
             }
-            let mut zone = self.zone.lock();
+            let mut zone = self.zone();
             self.cached.fetch_sub(cache.len(), Ordering::Relaxed);
             for pfn in cache.drain(..) {
                 zone.free(pfn, 0);

@@ -131,6 +131,10 @@ impl Memory {
         self.buddy.free_pages()
     }
 
+    pub(crate) fn zone_lock_count(&self) -> u64 {
+        self.buddy.zone_lock_count()
+    }
+
     pub(crate) fn drain_caches(&self) {
         self.buddy.drain_caches();
     }

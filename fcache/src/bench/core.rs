@@ -1,0 +1,369 @@
+//! `fcache bench core`: the foundation's figures.
+//!
+//! * `index-metadata/*`: bytes of index nodes per cached 4 KiB page, for dense files of several
+//!   folio orders and for a sparse one (the bar: at most 1% of the data for dense files);
+//! * `try_get+put/threads=N`: the refcount protocol alone, N threads on one folio's count,
+//!   FrozenBit (seed 002) against Cas (before), interleaved;
+//! * `lookup-hit`: a speculative lookup (walk, try_get, reload, put) of a cached page;
+//! * `insert/32-folio-run`: 32 order-0 folios inserted one by one (32 lock holds) against one
+//!   `add_folio_range` (one lock hold), in ns per folio.
+
+use super::BenchArgs;
+use super::report::{Figure, Plot, Report, wait_for_idle};
+use foliocache::mem::refcount::RefCount;
+use foliocache::{Cache, FolioRef, Policy, RefcountPolicy};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::hint::black_box;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+const POLICIES: [(&str, RefcountPolicy); 2] = [
+    ("foliocache/frozen-bit", RefcountPolicy::FrozenBit),
+    ("foliocache/cas", RefcountPolicy::Cas),
+];
+
+struct Sizes {
+    dense_pages: u64,
+    case_time: Duration,
+    insert_runs: usize,
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
+    let sizes = if args.full {
+        Sizes {
+            dense_pages: 262_144,
+            case_time: Duration::from_millis(1000),
+            insert_runs: 2000,
+        }
+    } else {
+        Sizes {
+            dense_pages: 16_384,
+            case_time: Duration::from_millis(200),
+            insert_runs: 300,
+        }
+    };
+    let reps = args.reps();
+    let threads: Vec<usize> = args.threads.clone().map_or_else(
+        || vec![1, 2],
+        |t| t.into_iter().map(|n| n as usize).collect(),
+    );
+    let mut report = Report::new(
+        "core",
+        json!({
+            "dense_file_pages": sizes.dense_pages,
+            "seconds_per_case": sizes.case_time.as_secs_f64(),
+            "insert_runs_per_rep": sizes.insert_runs,
+            "reps": reps,
+            "threads": threads,
+        }),
+    );
+    let steps = 5 + (threads.len() * 2 + 2 + 2) * reps;
+    let bar = ProgressBar::new(steps as u64).with_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.set_prefix("core");
+
+    index_metadata(&mut report, &sizes, &bar)?;
+    refcount(&mut report, &sizes, &threads, reps, &bar);
+    lookup_hit(&mut report, &sizes, reps, &bar)?;
+    insertion(&mut report, &sizes, reps, &bar)?;
+    bar.finish_and_clear();
+
+    for &t in &threads {
+        report.ratio(
+            &format!("try_get+put/threads={t}"),
+            "Mops/s",
+            POLICIES[0].0,
+            POLICIES[1].0,
+        );
+    }
+    report.ratio("lookup-hit", "ns/op", POLICIES[0].0, POLICIES[1].0);
+    report.ratio(
+        "insert/32-folio-run",
+        "ns/folio",
+        "foliocache/insert_range",
+        "foliocache/one-by-one",
+    );
+    report.plots.push(Plot {
+        file: "core-refcount.svg".into(),
+        title: "try_get + put on one folio: FrozenBit (seed 002) vs Cas".into(),
+        unit: "Mops/s (all threads)".into(),
+        groups: threads
+            .iter()
+            .map(|t| {
+                let case = format!("try_get+put/threads={t}");
+                let bars = POLICIES
+                    .iter()
+                    .filter_map(|(name, _)| {
+                        report
+                            .figure(&case, name, "Mops/s")
+                            .map(|f| ((*name).to_string(), f.median))
+                    })
+                    .collect();
+                (format!("{t} thread(s)"), bars)
+            })
+            .collect(),
+    });
+    report.notes.push(
+        "index-metadata: the sparse case (one cached page in every 64) needs a whole leaf per page, \
+         as the kernel's xarray does; the 1% bar is for dense files."
+            .into(),
+    );
+    Ok(report)
+}
+
+fn index_metadata(report: &mut Report, sizes: &Sizes, bar: &ProgressBar) -> Result<(), String> {
+    let cache = Cache::builder()
+        .capacity(sizes.dense_pages * 4096)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let layouts: [(&str, u8, u64); 5] = [
+        ("dense/order-0", 0, 1),
+        ("dense/order-2", 2, 1),
+        ("dense/order-4", 4, 1),
+        ("dense/order-9", 9, 1),
+        ("sparse-1-in-64/order-0", 0, 64),
+    ];
+    let mut counters = Vec::new();
+    for (name, order, stride) in layouts {
+        bar.set_message(format!("index metadata {name}"));
+        let file = cache.new_mapping();
+        let nr = 1u64 << order;
+        let folios = sizes.dense_pages / nr / stride;
+        let mut batch: Vec<FolioRef<'_>> = Vec::with_capacity(32);
+        let mut index = 0;
+        for _ in 0..folios {
+            let folio = cache.alloc_folio(order).map_err(|e| e.to_string())?;
+            if stride == 1 {
+                batch.push(folio);
+                if batch.len() == 32 {
+                    file.add_folio_range(index, &batch)
+                        .map_err(|e| e.to_string())?;
+                    index += 32 * nr;
+                    batch.clear();
+                }
+            } else {
+                file.add_folio(&folio, index).map_err(|e| e.to_string())?;
+                index += stride * nr;
+            }
+        }
+        file.add_folio_range(index, &batch)
+            .map_err(|e| e.to_string())?;
+        drop(batch);
+        let stats = file.stats();
+        let per_page = stats.index_bytes as f64 / stats.cached_pages as f64;
+        let case = format!("index-metadata/{name}");
+        report.results.push(Figure::new(
+            &case,
+            "foliocache",
+            "index_bytes_per_page",
+            &[per_page],
+            false,
+        ));
+        report.results.push(Figure::new(
+            &case,
+            "foliocache",
+            "percent_of_data",
+            &[per_page / 4096.0 * 100.0],
+            false,
+        ));
+        counters.push(json!({"case": case, "cached_pages": stats.cached_pages, "index_nodes": stats.index_nodes}));
+        bar.inc(1);
+    }
+    report.counters = json!({ "index_metadata": counters });
+    Ok(())
+}
+
+/// `threads` threads run try_get + put on one count for `time`; returns total Mops/s.
+fn try_get_put(policy: RefcountPolicy, threads: usize, time: Duration) -> f64 {
+    let count = RefCount::new_free(policy);
+    count.init();
+    let stop = AtomicBool::new(false);
+    let start_line = Barrier::new(threads + 1);
+    let (ops, elapsed) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    start_line.wait();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..256 {
+                            let got = count.try_get(policy);
+                            debug_assert!(got);
+                            black_box(count.put(policy));
+                        }
+                        n += 256;
+                    }
+                    n
+                })
+            })
+            .collect();
+        start_line.wait();
+        let start = Instant::now();
+        std::thread::sleep(time);
+        stop.store(true, Ordering::Relaxed);
+        let ops: u64 = workers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
+        (ops, start.elapsed())
+    });
+    ops as f64 / elapsed.as_secs_f64() / 1e6
+}
+
+fn refcount(report: &mut Report, sizes: &Sizes, threads: &[usize], reps: usize, bar: &ProgressBar) {
+    for &t in threads {
+        bar.set_message(format!("try_get+put, {t} thread(s)"));
+        let mut samples = [Vec::new(), Vec::new()];
+        let mut busy = false;
+        for rep in 0..reps {
+            // Alternate which policy goes first (A B, B A, ...).
+            for k in 0..2 {
+                let which = (k + rep) % 2;
+                busy |= wait_for_idle(Duration::from_secs(3));
+                samples[which].push(try_get_put(POLICIES[which].1, t, sizes.case_time));
+                bar.inc(1);
+            }
+        }
+        let case = format!("try_get+put/threads={t}");
+        for (which, (name, _)) in POLICIES.iter().enumerate() {
+            report
+                .results
+                .push(Figure::new(&case, name, "Mops/s", &samples[which], busy));
+        }
+    }
+}
+
+fn lookup_hit(
+    report: &mut Report,
+    sizes: &Sizes,
+    reps: usize,
+    bar: &ProgressBar,
+) -> Result<(), String> {
+    bar.set_message("lookup hit");
+    const PAGES: u64 = 4096;
+    let caches: Vec<Cache> = POLICIES
+        .iter()
+        .map(|(_, refcount)| {
+            Cache::builder()
+                .capacity(PAGES * 4096)
+                .policy(Policy {
+                    refcount: *refcount,
+                })
+                .build()
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    let files: Vec<_> = caches.iter().map(Cache::new_mapping).collect();
+    for (cache, file) in caches.iter().zip(&files) {
+        let folios: Vec<_> = (0..PAGES)
+            .map(|_| cache.alloc_folio(0))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        for (k, chunk) in folios.chunks(32).enumerate() {
+            file.add_folio_range(k as u64 * 32, chunk)
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let mut samples = [Vec::new(), Vec::new()];
+    let mut busy = false;
+    for rep in 0..reps {
+        for k in 0..2 {
+            let which = (k + rep) % 2;
+            busy |= wait_for_idle(Duration::from_secs(3));
+            let file = &files[which];
+            let start = Instant::now();
+            let mut n = 0u64;
+            let mut i = 0u64;
+            while start.elapsed() < sizes.case_time {
+                for _ in 0..1024 {
+                    // A stride coprime with the file size visits every page.
+                    i = (i + 1553) % PAGES;
+                    black_box(file.lookup(black_box(i)));
+                }
+                n += 1024;
+            }
+            samples[which].push(start.elapsed().as_nanos() as f64 / n as f64);
+            bar.inc(1);
+        }
+    }
+    for (which, (name, _)) in POLICIES.iter().enumerate() {
+        report.results.push(Figure::new(
+            "lookup-hit",
+            name,
+            "ns/op",
+            &samples[which],
+            busy,
+        ));
+    }
+    Ok(())
+}
+
+fn insertion(
+    report: &mut Report,
+    sizes: &Sizes,
+    reps: usize,
+    bar: &ProgressBar,
+) -> Result<(), String> {
+    bar.set_message("insert 32-folio runs");
+    const RUN: usize = 32;
+    let cache = Cache::builder()
+        .capacity(16 << 20)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let folios: Vec<FolioRef<'_>> = (0..RUN)
+        .map(|_| cache.alloc_folio(0))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let variants = ["foliocache/insert_range", "foliocache/one-by-one"];
+    let mut samples = [Vec::new(), Vec::new()];
+    let mut locks = [0u64; 2];
+    let mut busy = false;
+    for rep in 0..reps {
+        for k in 0..2 {
+            let which = (k + rep) % 2;
+            busy |= wait_for_idle(Duration::from_secs(3));
+            let mut timed = Duration::ZERO;
+            for _ in 0..sizes.insert_runs {
+                let file = cache.new_mapping();
+                let start = Instant::now();
+                if which == 0 {
+                    let added = file
+                        .add_folio_range(0, &folios)
+                        .map_err(|e| e.to_string())?;
+                    assert_eq!(added.inserted, RUN);
+                } else {
+                    for (i, f) in folios.iter().enumerate() {
+                        file.add_folio(f, i as u64).map_err(|e| e.to_string())?;
+                    }
+                }
+                timed += start.elapsed();
+                locks[which] = file.stats().lock_acquisitions;
+                drop(file);
+                for f in &folios {
+                    f.unlock();
+                }
+            }
+            samples[which].push(timed.as_nanos() as f64 / (sizes.insert_runs * RUN) as f64);
+            bar.inc(1);
+        }
+    }
+    for (which, name) in variants.iter().enumerate() {
+        report.results.push(Figure::new(
+            "insert/32-folio-run",
+            name,
+            "ns/folio",
+            &samples[which],
+            busy,
+        ));
+        report.results.push(Figure::new(
+            "insert/32-folio-run",
+            name,
+            "locks_per_run",
+            &[locks[which] as f64],
+            false,
+        ));
+    }
+    Ok(())
+}

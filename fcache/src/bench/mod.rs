@@ -1,0 +1,81 @@
+//! Shared benchmark plumbing, following `shared/docs/BENCH.md`: both sides interleaved in one
+//! run, medians with min-max over repetitions, ratios of medians, an idle-machine guard, and
+//! results as a Markdown table, a JSON file and an SVG plot.
+
+mod core;
+pub(crate) mod report;
+
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+/// The suites that exist.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Suite {
+    /// The core: index metadata per page, try_get+put FrozenBit vs Cas (1..N threads on one
+    /// folio), lookup hit, insertion one by one vs one lock hold per run.
+    Core,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    /// The suite to run; all suites when omitted.
+    pub(crate) suite: Option<Suite>,
+    /// Small sizes that finish in well under a minute (the default).
+    #[arg(long, conflicts_with = "full")]
+    pub(crate) quick: bool,
+    /// The seeds' sizes and more repetitions.
+    #[arg(long)]
+    pub(crate) full: bool,
+    /// Write the results as JSON here (one file per suite: `PATH` for one suite, else
+    /// `PATH` with the suite name added before the extension).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) json: Option<PathBuf>,
+    /// Thread counts, e.g. `1,2,4` (where a suite uses threads).
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) threads: Option<Vec<u32>>,
+    /// Repetitions per case (default 5 quick, 9 full).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) reps: Option<u32>,
+    /// Directory for the plots (and the JSON when --json is not given).
+    #[arg(long, value_name = "DIR", default_value = "results")]
+    pub(crate) out: PathBuf,
+}
+
+impl BenchArgs {
+    pub(crate) fn reps(&self) -> usize {
+        self.reps
+            .map_or(if self.full { 9 } else { 5 }, |r| r as usize)
+    }
+}
+
+/// Runs the asked suites.
+pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
+    let suites = match args.suite {
+        Some(suite) => vec![suite],
+        None => Suite::value_variants().to_vec(),
+    };
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    for suite in &suites {
+        let report = match suite {
+            Suite::Core => core::run(args)?,
+        };
+        let json_path = match (&args.json, suites.len()) {
+            (Some(path), 1) => path.clone(),
+            (Some(path), _) => with_suffix(path, report.suite),
+            (None, _) => args.out.join(format!("{}.json", report.suite)),
+        };
+        report.write(&json_path, &args.out)?;
+    }
+    Ok(())
+}
+
+fn with_suffix(path: &std::path::Path, suite: &str) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map_or_else(|| "results".into(), |s| s.to_string_lossy().into_owned());
+    let ext = path
+        .extension()
+        .map_or_else(|| "json".into(), |s| s.to_string_lossy().into_owned());
+    path.with_file_name(format!("{stem}-{suite}.{ext}"))
+}
