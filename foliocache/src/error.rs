@@ -66,6 +66,15 @@ pub enum Error {
         /// The mapping holding it.
         mapping: u64,
     },
+    /// The folio is locked by another holder and cannot be inserted.
+    #[error("the folio is locked by another holder")]
+    FolioLocked,
+    /// The cache's metadata (folio descriptors, allocator lists) could not be allocated.
+    #[error("could not allocate {bytes} bytes of metadata for the cache")]
+    MetadataAlloc {
+        /// Bytes asked for.
+        bytes: u64,
+    },
     /// Reserving the arena failed.
     #[error("could not map {bytes} bytes for the arena: {source}")]
     Mmap {

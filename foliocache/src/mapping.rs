@@ -22,8 +22,8 @@
 
 use crate::cache::CacheInner;
 use crate::error::Error;
-use crate::index::{Entry, Index, IndexWriter, RangeStop};
-use crate::mem::{FolioRef, Memory, flag};
+use crate::index::{Entry, Index, IndexView, IndexWriter, MAX_VALUE, RangeStop};
+use crate::mem::{FolioRef, Memory};
 use crate::sync::Ordering;
 use crate::sync::unmodelled::{AtomicU64 as StatU64, Counter, Ordering as StatOrdering};
 use std::ops::RangeBounds;
@@ -86,6 +86,8 @@ pub enum RemoveError<'m> {
     Busy(FolioRef<'m>),
     /// The folio is not in this mapping.
     NotInMapping(FolioRef<'m>),
+    /// The shadow value is larger than an index value entry can hold ([`MAX_VALUE`]).
+    ShadowTooLarge(FolioRef<'m>),
 }
 
 /// The result of [`Mapping::add_folio_range`].
@@ -172,9 +174,10 @@ impl Mapping {
         self.size.store(bytes, StatOrdering::Release);
     }
 
-    /// The index (lockless reads are always allowed).
-    pub fn index(&self) -> &Index {
-        &self.index
+    /// Read-only access to the index (its writers go through the mapping, which keeps the
+    /// folios' references and descriptors in step with it).
+    pub fn index(&self) -> IndexView<'_> {
+        IndexView::new(&self.index)
     }
 
     /// Takes the writer lock (counted).
@@ -219,6 +222,11 @@ impl Mapping {
             let Some(found @ Entry::Folio { id, .. }) = entry else {
                 break;
             };
+            if !batch.is_empty() && cursor.first() != want {
+                // After a retry (or a concurrent change) the folio covering `want` starts before
+                // it: it would overlap the batch. Stop; the caller looks up again from `want`.
+                break;
+            }
             let Some(folio) = self.mem().try_get(id) else {
                 crate::sync::spin_hint();
                 entry = cursor.load(want);
@@ -240,23 +248,29 @@ impl Mapping {
     }
 
     /// Checks that `folio` can be inserted and prepares its descriptor (outside the lock):
-    /// identity, LOCKED, and the page cache's own reference.
+    /// claims it for this mapping, takes its lock and the page cache's own reference.
     fn prepare(&self, folio: &FolioRef<'_>, index: u64) -> Result<Entry, Error> {
         if !std::ptr::eq(folio.mem, self.mem()) {
             return Err(Error::ForeignFolio);
-        }
-        let mapping = folio.mapping_id();
-        if mapping != 0 {
-            return Err(Error::FolioInUse { mapping });
         }
         let order = folio.order();
         if index & ((1u64 << order) - 1) != 0 {
             return Err(Error::Misaligned { index, order });
         }
         let desc = folio.desc();
+        // A compare-exchange, so two holders of the same folio racing to insert it (here or in
+        // another mapping) cannot both claim it.
+        if let Err(mapping) =
+            desc.mapping
+                .compare_exchange(0, self.id, Ordering::AcqRel, Ordering::Acquire)
+        {
+            return Err(Error::FolioInUse { mapping });
+        }
+        if !folio.try_lock() {
+            desc.mapping.store(0, Ordering::Release);
+            return Err(Error::FolioLocked);
+        }
         desc.index.store(index, Ordering::Relaxed);
-        desc.mapping.store(self.id, Ordering::Relaxed);
-        desc.flags.fetch_or(flag::LOCKED, Ordering::Relaxed);
         desc.refcount.get();
         Ok(Entry::Folio {
             id: folio.pfn,
@@ -267,11 +281,12 @@ impl Mapping {
     /// Undoes `prepare` for a folio that did not go in.
     fn unprepare(&self, folio: &FolioRef<'_>) {
         let desc = folio.desc();
-        desc.mapping.store(0, Ordering::Relaxed);
-        desc.flags.fetch_and(!flag::LOCKED, Ordering::Relaxed);
+        desc.mapping.store(0, Ordering::Release);
         // Not the last reference: the caller still holds its own.
         let last = desc.refcount.put(self.mem().policy);
         debug_assert!(!last);
+        // A real unlock: another holder may have queued on the lock meanwhile.
+        folio.unlock();
     }
 
     /// Inserts a private folio (fresh from `Cache::alloc_folio`) at page `index`. On success the
@@ -339,8 +354,11 @@ impl Mapping {
         folio: FolioRef<'m>,
         shadow: Option<u64>,
     ) -> Result<(), RemoveError<'m>> {
-        if !std::ptr::eq(folio.mem, self.mem()) || folio.mapping_id() != self.id {
+        if !std::ptr::eq(folio.mem, self.mem()) {
             return Err(RemoveError::NotInMapping(folio));
+        }
+        if shadow.is_some_and(|value| value > MAX_VALUE) {
+            return Err(RemoveError::ShadowTooLarge(folio));
         }
         let entry = Entry::Folio {
             id: folio.pfn,
@@ -350,16 +368,18 @@ impl Mapping {
         let policy = self.mem().policy;
         {
             let mut writer = self.lock();
+            // Only while the index holds the folio is the cache's reference outstanding (no one
+            // else can unhook it: that takes this lock). So a count of 2 then means exactly the
+            // cache and the caller; a folio truncated meanwhile must not be frozen at all, or a
+            // concurrent `put` of the cache's reference would land on the frozen count.
+            if folio.mapping_id() != self.id || writer.load(index) != Some(entry) {
+                return Err(RemoveError::NotInMapping(folio));
+            }
             if !folio.desc().refcount.freeze(2, policy) {
                 return Err(RemoveError::Busy(folio));
             }
-            match writer.remove(index, Some(entry), shadow) {
-                Ok(Some(_)) => {}
-                _ => {
-                    folio.desc().refcount.unfreeze(2);
-                    return Err(RemoveError::NotInMapping(folio));
-                }
-            }
+            let removed = writer.remove(index, Some(entry), shadow);
+            debug_assert!(matches!(removed, Ok(Some(_))), "{removed:?}");
             folio.desc().mapping.store(0, Ordering::Release);
         }
         self.counters.removals.inc();

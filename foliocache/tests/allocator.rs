@@ -200,6 +200,24 @@ fn bad_configuration_is_an_error_not_a_panic() {
 }
 
 #[test]
+fn a_capacity_too_large_for_this_machine_is_an_error_not_an_abort() {
+    // 16 TiB - 8 KiB: the descriptors alone would take 128 GiB. With the kernel's default
+    // (heuristic) overcommit, that allocation is refused and must come back as an error. Under
+    // "always overcommit" it would be granted and then touched, so the case cannot be run there.
+    let overcommit = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
+    if overcommit.trim() == "1" {
+        eprintln!("vm.overcommit_memory=1: not attempting a 16 TiB cache");
+        return;
+    }
+    let capacity = (u64::from(u32::MAX) - 1) * PAGE_SIZE as u64;
+    match Cache::builder().capacity(capacity).build() {
+        Err(Error::MetadataAlloc { bytes }) => assert!(bytes > 1 << 30),
+        Err(Error::Mmap { .. }) => {}
+        other => panic!("expected an allocation error, got {other:?}"),
+    }
+}
+
+#[test]
 fn a_capacity_that_is_not_a_power_of_two_is_usable_to_the_last_page() {
     let pages = 3 * 512 + 7;
     let cache = cache(pages, 9);

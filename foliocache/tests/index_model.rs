@@ -527,6 +527,39 @@ fn bad_input_is_an_error() {
 }
 
 #[test]
+fn next_miss_at_the_top_of_the_index_space() {
+    let index = Index::new();
+    index
+        .lock()
+        .insert(u64::MAX - 1, Entry::Folio { id: 1, order: 1 })
+        .unwrap();
+    assert_eq!(
+        index.next_miss(u64::MAX - 1, 1),
+        u64::MAX,
+        "one past the scanned range"
+    );
+    assert_eq!(index.next_miss(u64::MAX - 1, 2), 0, "the range wraps");
+    assert_eq!(index.prev_miss(u64::MAX, 2), u64::MAX - 2);
+}
+
+#[test]
+fn a_bad_value_anywhere_in_a_run_inserts_nothing() {
+    let index = Index::new();
+    let run = [
+        Entry::Value { value: 1, order: 0 },
+        Entry::Value {
+            value: 1 << 60,
+            order: 0,
+        },
+    ];
+    assert!(matches!(
+        index.lock().insert_range(0, &run),
+        Err(Error::ValueTooLarge { .. })
+    ));
+    assert!(index.entries().is_empty());
+}
+
+#[test]
 fn multi_order_entry_is_found_anywhere_in_its_range() {
     let index = Index::new();
     let folio = Entry::Folio { id: 7, order: 9 };

@@ -99,3 +99,36 @@ fn lookup_vs_truncation_and_reuse() {
         });
     }
 }
+
+/// A removal racing a truncation of the same folio. The truncation unhooks the folio under the
+/// writer lock and drops the cache's reference after releasing it; a removal that froze the
+/// count in between (count 2 = caller + the not-yet-dropped cache reference) would make that
+/// `put` land on a frozen count and be lost when the removal gives up and unfreezes: a leak.
+/// The removal must check, under the lock, that the folio is still in the index before it
+/// freezes. Every page must be free at the end.
+#[test]
+fn removal_vs_truncation_loses_no_reference() {
+    for policy in BOTH {
+        loom::model(move || {
+            let cache = small_cache(policy);
+            let a = Arc::new(cache.new_mapping());
+            {
+                let folio = cache.alloc_folio(0).unwrap();
+                a.add_folio(&folio, 0).unwrap();
+                folio.end_read(true);
+            }
+            let held = a.lookup(0).unwrap();
+            let truncator = {
+                let a = a.clone();
+                thread::spawn(move || {
+                    a.truncate(0..1);
+                })
+            };
+            let _ = a.remove_folio(held, None);
+            truncator.join().unwrap();
+            assert!(a.lookup(0).is_none());
+            drop(a);
+            assert_eq!(cache.stats().free_pages, 4, "{policy:?}: a folio leaked");
+        });
+    }
+}

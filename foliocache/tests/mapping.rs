@@ -278,6 +278,83 @@ fn bad_input_is_an_error() {
 }
 
 #[test]
+fn two_holders_racing_to_insert_one_folio_cannot_both_win() {
+    for cache in caches() {
+        let (x, y) = (cache.new_mapping(), cache.new_mapping());
+        for round in 0..500u64 {
+            let folio = cache.alloc_folio(0).unwrap();
+            let other = folio.clone();
+            let barrier = std::sync::Barrier::new(2);
+            let (a, b) = std::thread::scope(|s| {
+                let t = s.spawn(|| {
+                    barrier.wait();
+                    y.add_folio(&other, round)
+                });
+                barrier.wait();
+                (x.add_folio(&folio, round), t.join().unwrap())
+            });
+            match (&a, &b) {
+                (Ok(_), Err(Error::FolioInUse { .. } | Error::FolioLocked))
+                | (Err(Error::FolioInUse { .. } | Error::FolioLocked), Ok(_)) => {}
+                other => panic!("round {round}: {other:?}"),
+            }
+            let winner = if a.is_ok() { &x } else { &y };
+            assert_eq!(folio.mapping_id(), winner.id());
+            assert_eq!(folio.ref_count(), 3, "two holders + the cache");
+            folio.unlock();
+        }
+        assert_eq!(x.stats().cached_pages + y.stats().cached_pages, 500);
+    }
+}
+
+#[test]
+fn a_locked_folio_cannot_be_inserted_and_a_failed_insert_unlocks_properly() {
+    let cache = &caches()[0];
+    let file = cache.new_mapping();
+    let folio = cache.alloc_folio(0).unwrap();
+    assert!(folio.try_lock());
+    assert!(matches!(file.add_folio(&folio, 0), Err(Error::FolioLocked)));
+    assert_eq!((folio.mapping_id(), folio.ref_count()), (0, 1));
+    folio.unlock();
+    // A failed insert (Exists) releases the folio lock it took, waking any waiter.
+    let squatter = cache.alloc_folio(0).unwrap();
+    file.add_folio(&squatter, 0).unwrap();
+    assert!(matches!(
+        file.add_folio(&folio, 0),
+        Err(Error::Exists { index: 0 })
+    ));
+    assert_eq!(folio.flags(), 0);
+    assert!(folio.try_lock(), "the lock was released");
+    folio.unlock();
+}
+
+#[test]
+fn removal_validates_the_shadow_and_ignores_truncated_folios() {
+    let cache = &caches()[0];
+    let file = cache.new_mapping();
+    let folio = cache.alloc_folio(0).unwrap();
+    file.add_folio(&folio, 0).unwrap();
+    folio.unlock();
+    let folio = match file.remove_folio(folio, Some(u64::MAX)) {
+        Err(RemoveError::ShadowTooLarge(f)) => f,
+        other => panic!("{other:?}"),
+    };
+    assert!(file.lookup(0).is_some(), "nothing changed");
+    let reader = file.lookup(0).unwrap();
+    file.truncate(..);
+    // Truncated: the count is 2 (caller + reader), but the removal must not freeze it.
+    let folio = match file.remove_folio(folio, None) {
+        Err(RemoveError::NotInMapping(f)) => f,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(folio.ref_count(), 2);
+    let free = cache.stats().free_pages;
+    drop(reader);
+    drop(folio);
+    assert_eq!(cache.stats().free_pages, free + 1, "the last put freed it");
+}
+
+#[test]
 fn folio_lock_sleeps_until_unlocked() {
     let cache = &caches()[0];
     let file = cache.new_mapping();

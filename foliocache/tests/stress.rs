@@ -167,9 +167,12 @@ fn reader(files: &[Mapping; 2], stop: &AtomicBool, seed: u64) -> (u64, u64) {
         if rng.below(4) == 0 {
             file.get_batch(index, 31, &mut batch);
             let mut want = index;
-            for folio in batch.folios() {
+            for (k, folio) in batch.folios().iter().enumerate() {
                 hits += 1;
                 check(folio, file, want);
+                if k > 0 {
+                    assert_eq!(folio.index(), want, "a batch's folios must not overlap");
+                }
                 want = folio.index() + folio.nr_pages() as u64;
             }
             batch.clear();
@@ -251,4 +254,67 @@ fn stress_frozen_bit() {
 #[test]
 fn stress_cas() {
     run(RefcountPolicy::Cas);
+}
+
+/// `remove_folio` and `truncate` racing on the same file, with a reader holding references:
+/// a removal must never freeze a folio whose cache reference is being dropped by a truncation
+/// (the `put` would land on a frozen count and be lost: a leak, or a debug assertion).
+#[test]
+fn stress_remove_vs_truncate() {
+    for policy in [RefcountPolicy::FrozenBit, RefcountPolicy::Cas] {
+        let cache = Cache::builder()
+            .capacity(64 * PAGE_SIZE as u64)
+            .max_order(0)
+            .policy(Policy { refcount: policy })
+            .build()
+            .unwrap();
+        let file = cache.new_mapping();
+        let stop = AtomicBool::new(false);
+        let deadline = Instant::now() + duration() / 2;
+        let (removed, truncated) = std::thread::scope(|s| {
+            let filler = s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(f) = cache.alloc_folio(0) {
+                        stamp(&f, file.id(), 0);
+                        if file.add_folio(&f, 0).is_ok() {
+                            f.end_read(true);
+                        }
+                    }
+                }
+            });
+            let remover = s.spawn(|| {
+                let mut removed = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(f) = file.lookup(0)
+                        && file.remove_folio(f, None).is_ok()
+                    {
+                        removed += 1;
+                    }
+                }
+                removed
+            });
+            let truncator = s.spawn(|| {
+                let mut truncated = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    truncated += file.truncate(0..1);
+                    // A reader holding the folio across the truncation.
+                    if let Some(f) = file.lookup(0) {
+                        check(&f, &file, 0);
+                    }
+                }
+                truncated
+            });
+            while Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            stop.store(true, Ordering::Relaxed);
+            filler.join().unwrap();
+            (remover.join().unwrap(), truncator.join().unwrap())
+        });
+        eprintln!("{policy:?}: {removed} removals, {truncated} truncations");
+        assert!(removed > 0 && truncated > 0, "both paths must have run");
+        drop(file);
+        cache.drain_cpu_caches();
+        assert_eq!(cache.stats().free_pages, 64, "{policy:?}: a folio leaked");
+    }
 }

@@ -166,13 +166,14 @@ impl Index {
                 return pos;
             }
             let Some(next) = cursor.next_pos() else {
-                return 0; // folios up to the largest index: the scan wrapped
+                // Folios up to the largest index: one past the range, 0 if that wraps.
+                return end.unwrap_or(0);
             };
             pos = next;
-            match end {
-                Some(end) if pos >= end => return end,
-                None if pos == 0 => return 0,
-                _ => {}
+            if let Some(end) = end
+                && pos >= end
+            {
+                return end;
             }
             entry = cursor.load_next_or_hole();
         }
@@ -413,6 +414,58 @@ fn low_mask(bits: u32) -> u64 {
     }
 }
 
+/// Read-only access to an [`Index`]: lockless lookups, batches, misses and listings, but no
+/// writer. A [`Mapping`](crate::Mapping) hands out this view of its index, because its folios'
+/// references must change together with the index.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexView<'a>(&'a Index);
+
+impl<'a> IndexView<'a> {
+    pub(crate) fn new(index: &'a Index) -> Self {
+        Self(index)
+    }
+
+    /// See [`Index::load`].
+    pub fn load(&self, index: u64) -> Option<Entry> {
+        self.0.load(index)
+    }
+
+    /// See [`Index::cursor`].
+    pub fn cursor(&self) -> Cursor<'a> {
+        self.0.cursor()
+    }
+
+    /// See [`Index::get_batch`].
+    pub fn get_batch(&self, start: u64, max: usize, out: &mut Vec<(u64, Entry)>) -> u64 {
+        self.0.get_batch(start, max, out)
+    }
+
+    /// See [`Index::next_miss`].
+    pub fn next_miss(&self, index: u64, max_scan: u64) -> u64 {
+        self.0.next_miss(index, max_scan)
+    }
+
+    /// See [`Index::prev_miss`].
+    pub fn prev_miss(&self, index: u64, max_scan: u64) -> u64 {
+        self.0.prev_miss(index, max_scan)
+    }
+
+    /// See [`Index::entries`].
+    pub fn entries(&self) -> Vec<(u64, Entry)> {
+        self.0.entries()
+    }
+
+    /// See [`Index::node_count`].
+    pub fn node_count(&self) -> usize {
+        self.0.node_count()
+    }
+
+    /// See [`Index::memory_bytes`].
+    pub fn memory_bytes(&self) -> usize {
+        self.0.memory_bytes()
+    }
+}
+
 /// The index's writer: holds the writer lock (and an epoch pin to retire nodes).
 pub struct IndexWriter<'a> {
     index: &'a Index,
@@ -471,6 +524,11 @@ impl IndexWriter<'_> {
         let mut index = start;
         for (i, entry) in entries.iter().enumerate() {
             check_range(index, entry.order())?;
+            if let Entry::Value { value, .. } = *entry
+                && value > MAX_VALUE
+            {
+                return Err(Error::ValueTooLarge { value });
+            }
             let next = index.checked_add(1u64 << entry.order());
             if next.is_none() && i + 1 < entries.len() {
                 return Err(Error::IndexOverflow {

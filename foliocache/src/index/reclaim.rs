@@ -48,14 +48,12 @@ impl Retired {
     /// after this call, and is retired exactly once.
     #[cfg(not(loom))]
     pub(crate) unsafe fn retire(&self, guard: &Guard, node: *mut Node) {
-        let node = SendPtr(node);
         // SAFETY: per this function's contract, the node is unlinked and retired once; the
         // epoch scheme runs the closure only after every guard that could see it is dropped.
+        // The closure may run on another thread: that is sound because a `Node` is only atomics
+        // and plain integers (`Box<Node>` is `Send`).
         unsafe {
-            guard.0.defer_unchecked(move || {
-                let node = node;
-                drop(Box::from_raw(node.0));
-            });
+            guard.0.defer_unchecked(move || drop(Box::from_raw(node)));
         }
     }
 
@@ -85,6 +83,3 @@ impl Drop for Retired {
         }
     }
 }
-
-#[cfg(not(loom))]
-struct SendPtr(*mut Node);

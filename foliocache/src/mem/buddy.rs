@@ -15,6 +15,7 @@
 //! When the zone runs dry the caches are drained back into it before giving up, so every free
 //! page can be allocated.
 
+use crate::error::Error;
 use crate::sync::Mutex;
 use crate::sync::MutexGuard;
 use crate::sync::unmodelled::{AtomicUsize, Counter, Ordering};
@@ -112,6 +113,16 @@ pub(crate) struct Buddy {
     max_order: u8,
 }
 
+/// A vector of `len` copies of `value`, or an error if the memory cannot be had.
+fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>, Error> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::MetadataAlloc {
+        bytes: (len * std::mem::size_of::<T>()) as u64,
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
 /// The cache slot of the current thread, assigned round robin on first use.
 fn cache_slot(slots: usize) -> usize {
     use std::cell::Cell;
@@ -129,16 +140,16 @@ fn cache_slot(slots: usize) -> usize {
 
 impl Buddy {
     /// An allocator over `pages` pages, all free, carved into the largest aligned blocks.
-    pub(crate) fn new(pages: usize, max_order: u8) -> Self {
+    pub(crate) fn new(pages: usize, max_order: u8) -> Result<Self, Error> {
         assert!(
             pages < NIL as usize,
             "too many pages for 32-bit page numbers"
         );
         let mut zone = Zone {
             heads: vec![NIL; max_order as usize + 1],
-            next: vec![NIL; pages],
-            prev: vec![NIL; pages],
-            free_order: vec![NOT_FREE; pages],
+            next: filled(pages, NIL)?,
+            prev: filled(pages, NIL)?,
+            free_order: filled(pages, NOT_FREE)?,
             free_pages: 0,
         };
         let mut pfn = 0usize;
@@ -153,7 +164,7 @@ impl Buddy {
         }
         let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
         let slots = (2 * threads).clamp(4, 64);
-        Self {
+        Ok(Self {
             zone: Mutex::new(zone),
             caches: (0..slots)
                 .map(|_| CachePadded::new(Mutex::new(Vec::with_capacity(CACHE_HIGH + 1))))
@@ -161,7 +172,7 @@ impl Buddy {
             cached: AtomicUsize::new(0),
             zone_locks: Counter::default(),
             max_order,
-        }
+        })
     }
 
     fn zone(&self) -> MutexGuard<'_, Zone> {

@@ -53,9 +53,16 @@ impl Memory {
     ) -> Result<Self, Error> {
         let align = PAGE_SIZE << MAX_ORDER;
         let arena = Arena::new(pages, align, huge_pages)?;
+        let mut table = Vec::new();
+        table
+            .try_reserve_exact(pages)
+            .map_err(|_| Error::MetadataAlloc {
+                bytes: (pages * std::mem::size_of::<FolioDesc>()) as u64,
+            })?;
+        table.extend((0..pages).map(|_| FolioDesc::new(policy)));
         Ok(Self {
-            buddy: Buddy::new(pages, max_order),
-            table: (0..pages).map(|_| FolioDesc::new(policy)).collect(),
+            buddy: Buddy::new(pages, max_order)?,
+            table: table.into_boxed_slice(),
             arena,
             policy,
             max_order,
