@@ -9,7 +9,7 @@
 //!   `add_folio_range` (one lock hold), in ns per folio.
 
 use super::BenchArgs;
-use super::report::{Figure, Plot, Report, wait_for_idle};
+use super::report::{Figure, Plot, Report, interleaved};
 use foliocache::mem::refcount::RefCount;
 use foliocache::{Cache, FolioRef, Policy, RefcountPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -68,7 +68,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     bar.set_prefix("core");
 
     index_metadata(&mut report, &sizes, &bar)?;
-    refcount(&mut report, &sizes, &threads, reps, &bar);
+    refcount(&mut report, &sizes, &threads, reps, &bar)?;
     lookup_hit(&mut report, &sizes, reps, &bar)?;
     insertion(&mut report, &sizes, reps, &bar)?;
     bar.finish_and_clear();
@@ -212,20 +212,18 @@ fn try_get_put(policy: RefcountPolicy, threads: usize, time: Duration) -> f64 {
     ops as f64 / elapsed.as_secs_f64() / 1e6
 }
 
-fn refcount(report: &mut Report, sizes: &Sizes, threads: &[usize], reps: usize, bar: &ProgressBar) {
+fn refcount(
+    report: &mut Report,
+    sizes: &Sizes,
+    threads: &[usize],
+    reps: usize,
+    bar: &ProgressBar,
+) -> Result<(), String> {
     for &t in threads {
         bar.set_message(format!("try_get+put, {t} thread(s)"));
-        let mut samples = [Vec::new(), Vec::new()];
-        let mut busy = false;
-        for rep in 0..reps {
-            // Alternate which policy goes first (A B, B A, ...).
-            for k in 0..2 {
-                let which = (k + rep) % 2;
-                busy |= wait_for_idle(Duration::from_secs(3));
-                samples[which].push(try_get_put(POLICIES[which].1, t, sizes.case_time));
-                bar.inc(1);
-            }
-        }
+        let (samples, busy) = interleaved(reps, bar, |which| {
+            Ok(try_get_put(POLICIES[which].1, t, sizes.case_time))
+        })?;
         let case = format!("try_get+put/threads={t}");
         for (which, (name, _)) in POLICIES.iter().enumerate() {
             report
@@ -233,6 +231,7 @@ fn refcount(report: &mut Report, sizes: &Sizes, threads: &[usize], reps: usize, 
                 .push(Figure::new(&case, name, "Mops/s", &samples[which], busy));
         }
     }
+    Ok(())
 }
 
 fn lookup_hit(
@@ -266,28 +265,21 @@ fn lookup_hit(
                 .map_err(|e| e.to_string())?;
         }
     }
-    let mut samples = [Vec::new(), Vec::new()];
-    let mut busy = false;
-    for rep in 0..reps {
-        for k in 0..2 {
-            let which = (k + rep) % 2;
-            busy |= wait_for_idle(Duration::from_secs(3));
-            let file = &files[which];
-            let start = Instant::now();
-            let mut n = 0u64;
-            let mut i = 0u64;
-            while start.elapsed() < sizes.case_time {
-                for _ in 0..1024 {
-                    // A stride coprime with the file size visits every page.
-                    i = (i + 1553) % PAGES;
-                    black_box(file.lookup(black_box(i)));
-                }
-                n += 1024;
+    let (samples, busy) = interleaved(reps, bar, |which| {
+        let file = &files[which];
+        let start = Instant::now();
+        let mut n = 0u64;
+        let mut i = 0u64;
+        while start.elapsed() < sizes.case_time {
+            for _ in 0..1024 {
+                // A stride coprime with the file size visits every page.
+                i = (i + 1553) % PAGES;
+                black_box(file.lookup(black_box(i)));
             }
-            samples[which].push(start.elapsed().as_nanos() as f64 / n as f64);
-            bar.inc(1);
+            n += 1024;
         }
-    }
+        Ok(start.elapsed().as_nanos() as f64 / n as f64)
+    })?;
     for (which, (name, _)) in POLICIES.iter().enumerate() {
         report.results.push(Figure::new(
             "lookup-hit",
@@ -317,38 +309,31 @@ fn insertion(
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
     let variants = ["foliocache/insert_range", "foliocache/one-by-one"];
-    let mut samples = [Vec::new(), Vec::new()];
     let mut locks = [0u64; 2];
-    let mut busy = false;
-    for rep in 0..reps {
-        for k in 0..2 {
-            let which = (k + rep) % 2;
-            busy |= wait_for_idle(Duration::from_secs(3));
-            let mut timed = Duration::ZERO;
-            for _ in 0..sizes.insert_runs {
-                let file = cache.new_mapping();
-                let start = Instant::now();
-                if which == 0 {
-                    let added = file
-                        .add_folio_range(0, &folios)
-                        .map_err(|e| e.to_string())?;
-                    assert_eq!(added.inserted, RUN);
-                } else {
-                    for (i, f) in folios.iter().enumerate() {
-                        file.add_folio(f, i as u64).map_err(|e| e.to_string())?;
-                    }
-                }
-                timed += start.elapsed();
-                locks[which] = file.stats().lock_acquisitions;
-                drop(file);
-                for f in &folios {
-                    f.unlock();
+    let (samples, busy) = interleaved(reps, bar, |which| {
+        let mut timed = Duration::ZERO;
+        for _ in 0..sizes.insert_runs {
+            let file = cache.new_mapping();
+            let start = Instant::now();
+            if which == 0 {
+                let added = file
+                    .add_folio_range(0, &folios)
+                    .map_err(|e| e.to_string())?;
+                assert_eq!(added.inserted, RUN);
+            } else {
+                for (i, f) in folios.iter().enumerate() {
+                    file.add_folio(f, i as u64).map_err(|e| e.to_string())?;
                 }
             }
-            samples[which].push(timed.as_nanos() as f64 / (sizes.insert_runs * RUN) as f64);
-            bar.inc(1);
+            timed += start.elapsed();
+            locks[which] = file.stats().lock_acquisitions;
+            drop(file);
+            for f in &folios {
+                f.unlock();
+            }
         }
-    }
+        Ok(timed.as_nanos() as f64 / (sizes.insert_runs * RUN) as f64)
+    })?;
     for (which, name) in variants.iter().enumerate() {
         report.results.push(Figure::new(
             "insert/32-folio-run",

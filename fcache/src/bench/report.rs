@@ -378,6 +378,28 @@ pub(crate) fn others_busy(window: Duration) -> Option<f64> {
     Some(others as f64 / total as f64)
 }
 
+/// Samples of two systems measured alternately (A B, B A, A B, ...), `reps` times each, after
+/// waiting for an idle machine before every measurement (BENCH.md §1 and §7). `measure(k)`
+/// measures system `k` (0 or 1) once. Returns both sample lists and whether the machine was
+/// busy at any point.
+pub(crate) fn interleaved(
+    reps: usize,
+    bar: &indicatif::ProgressBar,
+    mut measure: impl FnMut(usize) -> Result<f64, String>,
+) -> Result<([Vec<f64>; 2], bool), String> {
+    let mut samples = [Vec::with_capacity(reps), Vec::with_capacity(reps)];
+    let mut busy = false;
+    for rep in 0..reps {
+        for k in 0..2 {
+            let which = (k + rep) % 2;
+            busy |= wait_for_idle(Duration::from_secs(3));
+            samples[which].push(measure(which)?);
+            bar.inc(1);
+        }
+    }
+    Ok((samples, busy))
+}
+
 /// Waits (up to `patience`) for the machine to be idle apart from us. Returns whether it was
 /// busy when we gave up (the figures measured next are then flagged).
 pub(crate) fn wait_for_idle(patience: Duration) -> bool {
