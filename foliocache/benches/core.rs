@@ -98,6 +98,10 @@ fn insertion(c: &mut Criterion) {
             "insert {name}: {} lock acquisitions per {RUN}-folio run",
             file.stats().lock_acquisitions
         );
+        drop(file);
+        for f in &folios {
+            f.unlock();
+        }
     }
     let mut group = c.benchmark_group("insert_32_folios");
     for (name, ranged) in [("one-by-one", false), ("insert_range", true)] {
