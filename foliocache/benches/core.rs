@@ -19,7 +19,10 @@ fn lookup_hit(c: &mut Criterion) {
     for (name, refcount) in POLICIES {
         let cache = Cache::builder()
             .capacity(64 << 20)
-            .policy(Policy { refcount })
+            .policy(Policy {
+                refcount,
+                ..Policy::default()
+            })
             .build()
             .unwrap();
         let file = cache.new_mapping();

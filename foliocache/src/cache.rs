@@ -1,6 +1,7 @@
 //! The cache: owns the memory (arena, allocator, folio table) and opens mappings.
 
 use crate::error::Error;
+use crate::file::File;
 use crate::mapping::Mapping;
 use crate::mem::refcount::RefcountPolicy;
 use crate::mem::{FolioRef, MAX_ORDER, Memory, PAGE_SIZE};
@@ -12,6 +13,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Policy {
     /// The folio reference-count protocol (seed 002).
     pub refcount: RefcountPolicy,
+    /// How a read walks the index (seed 004).
+    pub read: ReadPolicy,
+}
+
+/// How the read path walks the index (seed 004).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ReadPolicy {
+    /// Seed 004: a batch of up to 31 contiguous folios per index walk; holes and folios that
+    /// are not uptodate zero the destination in one run. The default.
+    #[default]
+    Batched,
+    /// Before seed 004 (shmem's old loop): one index walk and one lock/unlock per folio, and
+    /// per 4 KiB page for holes and not-uptodate folios, zeros copied from a zero page.
+    PerFolio,
 }
 
 /// Configures and builds a [`Cache`].
@@ -150,6 +165,20 @@ impl Cache {
             Arc::clone(&self.inner),
             NEXT_MAPPING_ID.fetch_add(1, Ordering::Relaxed),
         )
+    }
+
+    /// Creates an empty memory file (data lives only in the cache, like tmpfs) whose folios
+    /// are at most `max_order` (0: 4 KiB pages only, like tmpfs `huge=never`; 9: up to 2 MiB,
+    /// like `huge=always`).
+    pub fn create_memory_file(&self, max_order: u8) -> Result<File, Error> {
+        let max = self.inner.mem.max_order;
+        if max_order > max {
+            return Err(Error::OrderTooLarge {
+                order: max_order,
+                max,
+            });
+        }
+        Ok(File::new_memory(self, self.new_mapping(), max_order))
     }
 
     /// Allocates a private folio of `2^order` pages. Never blocks: when no block of that order

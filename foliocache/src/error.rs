@@ -51,6 +51,34 @@ pub enum Error {
         /// The first index of the folio found there.
         index: u64,
     },
+    /// A replacement entry of another order than the entry it replaces.
+    #[error("cannot replace an order-{old} entry with an order-{new} one")]
+    OrderMismatch {
+        /// The order of the entry in place.
+        old: u8,
+        /// The order of the replacement.
+        new: u8,
+    },
+    /// A write or size past the largest file size.
+    #[error("offset {offset} is past the largest file size (2^63 - 1 bytes)")]
+    FileTooLarge {
+        /// The offending end offset.
+        offset: u64,
+    },
+    /// A memory file could not get the memory a change needs; the file is unchanged.
+    #[error(
+        "no space left in the cache for this change ({pages} pages needed); the file is unchanged"
+    )]
+    NoSpace {
+        /// Pages the change needed.
+        pages: u64,
+    },
+    /// The folio expected at this page index is not cached there (any more).
+    #[error("no such folio cached at page index {index}")]
+    NotCached {
+        /// The page index.
+        index: u64,
+    },
     /// A value (shadow) entry larger than the index can hold.
     #[error("value {value} is larger than the largest value entry (2^56 - 1)")]
     ValueTooLarge {

@@ -25,13 +25,16 @@ compile_error!("foliocache needs a 64-bit target");
 
 mod cache;
 mod error;
+pub mod file;
 pub mod index;
 pub mod mapping;
 pub mod mem;
+pub mod read;
 mod sync;
 
-pub use cache::{Cache, CacheBuilder, Policy, Stats};
+pub use cache::{Cache, CacheBuilder, Policy, ReadPolicy, Stats};
 pub use error::Error;
+pub use file::{File, Handle};
 pub use mapping::{FolioBatch, Mapping, MappingStats};
 pub use mem::refcount::RefcountPolicy;
 pub use mem::{FolioRef, MAX_ORDER, PAGE_SIZE, flag};

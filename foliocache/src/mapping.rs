@@ -23,7 +23,7 @@
 use crate::cache::CacheInner;
 use crate::error::Error;
 use crate::index::{Entry, Index, IndexView, IndexWriter, MAX_VALUE, RangeStop};
-use crate::mem::{FolioRef, Memory};
+use crate::mem::{FolioRef, Memory, flag};
 use crate::sync::Ordering;
 use crate::sync::unmodelled::{AtomicU64 as StatU64, Counter, Ordering as StatOrdering};
 use std::ops::RangeBounds;
@@ -34,9 +34,10 @@ pub const BATCH_SIZE: usize = 31;
 
 /// A batch of referenced folios returned by one index walk (the kernel's `folio_batch`).
 /// Dropping or clearing it releases the references.
+/// It lives on the stack: taking a batch allocates nothing.
 #[derive(Debug)]
 pub struct FolioBatch<'m> {
-    folios: Vec<FolioRef<'m>>,
+    folios: arrayvec::ArrayVec<FolioRef<'m>, BATCH_SIZE>,
 }
 
 impl Default for FolioBatch<'_> {
@@ -49,7 +50,7 @@ impl<'m> FolioBatch<'m> {
     /// An empty batch with room for [`BATCH_SIZE`] folios.
     pub fn new() -> Self {
         Self {
-            folios: Vec::with_capacity(BATCH_SIZE),
+            folios: arrayvec::ArrayVec::new(),
         }
     }
 
@@ -74,9 +75,18 @@ impl<'m> FolioBatch<'m> {
     }
 
     /// Takes the folios out of the batch.
-    pub fn drain(&mut self) -> std::vec::Drain<'_, FolioRef<'m>> {
+    pub fn drain(&mut self) -> arrayvec::Drain<'_, FolioRef<'m>, BATCH_SIZE> {
         self.folios.drain(..)
     }
+}
+
+/// Where a read batch ends besides a gap, the batch size and the requested range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchEnd {
+    /// Only at a gap (memory files: a folio that is not uptodate reads as zeros).
+    AtGap,
+    /// Also right after a folio that is not uptodate or carries the READAHEAD mark.
+    AtNotReady,
 }
 
 /// Why a folio could not be removed; the caller gets its reference back.
@@ -159,6 +169,10 @@ impl Mapping {
         &self.cache.mem
     }
 
+    pub(crate) fn cache(&self) -> &CacheInner {
+        &self.cache
+    }
+
     /// This mapping's id (unique within the process, never 0).
     pub fn id(&self) -> u64 {
         self.id
@@ -212,6 +226,36 @@ impl Mapping {
     /// contiguous from page `start`, in one index walk (plus one per node boundary). Stops at
     /// the first index that holds no folio.
     pub fn get_batch<'m>(&'m self, start: u64, max: usize, batch: &mut FolioBatch<'m>) {
+        self.fill_batch(start, u64::MAX, max, BatchEnd::AtGap, batch);
+    }
+
+    /// The batch a read of pages `start..=last` takes (the kernel's `filemap_get_read_batch`,
+    /// newest form): contiguous folios from the one covering `start`, at most [`BATCH_SIZE`],
+    /// ending after the folio that covers `last` (the bound is checked after adding a folio,
+    /// so a small read costs one load). With `BatchEnd::AtNotReady` it also ends after a folio
+    /// that is not uptodate or carries the READAHEAD mark, so the caller can act on it.
+    pub fn get_read_batch<'m>(
+        &'m self,
+        start: u64,
+        last: u64,
+        end: BatchEnd,
+        batch: &mut FolioBatch<'m>,
+    ) {
+        if start > last {
+            batch.clear();
+            return;
+        }
+        self.fill_batch(start, last, BATCH_SIZE, end, batch);
+    }
+
+    fn fill_batch<'m>(
+        &'m self,
+        start: u64,
+        last: u64,
+        max: usize,
+        end: BatchEnd,
+        batch: &mut FolioBatch<'m>,
+    ) {
         self.counters.lookups.inc();
         batch.clear();
         let max = max.min(BATCH_SIZE);
@@ -237,10 +281,12 @@ impl Mapping {
                 entry = cursor.load(want);
                 continue;
             }
+            let stop = end == BatchEnd::AtNotReady
+                && (!folio.is_uptodate() || folio.test(flag::READAHEAD));
             batch.folios.push(folio);
             match cursor.next_pos() {
-                Some(next) => want = next,
-                None => break,
+                Some(next) if next <= last && !stop => want = next,
+                _ => break,
             }
             entry = cursor.load_next();
         }
@@ -390,6 +436,53 @@ impl Mapping {
         std::mem::forget(folio);
         self.mem().free_frozen(pfn);
         Ok(())
+    }
+
+    /// Swaps `new` (a private, filled folio of the same order) into the place of `old` in one
+    /// index store: a lockless reader sees the old folio or the new one, never a hole. This is
+    /// how a memory file changes bytes: uptodate folios are never written in place. The cache's
+    /// reference moves to `new`; `old` leaves the mapping and is freed when its last holder
+    /// lets go. `new` is inserted unlocked.
+    pub fn replace_folio(&self, old: &FolioRef<'_>, new: &FolioRef<'_>) -> Result<(), Error> {
+        if !std::ptr::eq(old.mem, self.mem()) {
+            return Err(Error::ForeignFolio);
+        }
+        let index = old.index();
+        let old_entry = Entry::Folio {
+            id: old.pfn,
+            order: old.order(),
+        };
+        let new_entry = self.prepare(new, index)?;
+        let replaced = {
+            let mut writer = self.lock();
+            let replaced = if old.mapping_id() == self.id {
+                writer.replace(index, old_entry, new_entry)
+            } else {
+                Ok(false)
+            };
+            if let Ok(true) = replaced {
+                old.desc().mapping.store(0, Ordering::Release);
+            }
+            replaced
+        };
+        match replaced {
+            Ok(true) => {
+                new.unlock();
+                // The cache's reference on the old folio.
+                self.mem().put(old.pfn);
+                self.counters.insertions.inc();
+                self.counters.removals.inc();
+                Ok(())
+            }
+            Ok(false) => {
+                self.unprepare(new);
+                Err(Error::NotCached { index })
+            }
+            Err(error) => {
+                self.unprepare(new);
+                Err(error)
+            }
+        }
     }
 
     /// Removes every folio and value lying entirely inside the page range, dropping the cache's

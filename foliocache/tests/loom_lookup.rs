@@ -14,7 +14,10 @@ fn small_cache(refcount: RefcountPolicy) -> Cache {
     Cache::builder()
         .capacity(4 * 4096)
         .max_order(0)
-        .policy(Policy { refcount })
+        .policy(Policy {
+            refcount,
+            ..Policy::default()
+        })
         .build()
         .unwrap()
 }

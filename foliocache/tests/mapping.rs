@@ -11,7 +11,10 @@ fn caches() -> Vec<Cache> {
         .map(|refcount| {
             Cache::builder()
                 .capacity(4 << 20)
-                .policy(Policy { refcount })
+                .policy(Policy {
+                    refcount,
+                    ..Policy::default()
+                })
                 .build()
                 .unwrap()
         })

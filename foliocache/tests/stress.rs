@@ -188,7 +188,10 @@ fn run(policy: RefcountPolicy) {
     let cache = Cache::builder()
         .capacity(CACHE_PAGES * PAGE_SIZE as u64)
         .max_order(3)
-        .policy(Policy { refcount: policy })
+        .policy(Policy {
+            refcount: policy,
+            ..Policy::default()
+        })
         .build()
         .unwrap();
     let files = [cache.new_mapping(), cache.new_mapping()];
@@ -265,7 +268,10 @@ fn stress_remove_vs_truncate() {
         let cache = Cache::builder()
             .capacity(64 * PAGE_SIZE as u64)
             .max_order(0)
-            .policy(Policy { refcount: policy })
+            .policy(Policy {
+                refcount: policy,
+                ..Policy::default()
+            })
             .build()
             .unwrap();
         let file = cache.new_mapping();

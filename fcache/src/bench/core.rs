@@ -249,6 +249,7 @@ fn lookup_hit(
                 .capacity(PAGES * 4096)
                 .policy(Policy {
                     refcount: *refcount,
+                    ..Policy::default()
                 })
                 .build()
                 .map_err(|e| e.to_string())

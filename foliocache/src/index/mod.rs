@@ -205,6 +205,24 @@ impl Index {
         }
     }
 
+    /// The first index in `index..=last` covered by a folio entry, if any. Holes are skipped a
+    /// whole empty slot (64^level indexes) at a time.
+    pub fn next_present(&self, index: u64, last: u64) -> Option<u64> {
+        let mut cursor = self.cursor();
+        let mut entry = cursor.load(index);
+        let mut pos = index;
+        loop {
+            if pos > last {
+                return None;
+            }
+            if let Some(Entry::Folio { .. }) = entry {
+                return Some(pos);
+            }
+            pos = cursor.next_pos()?;
+            entry = cursor.load_next_or_hole();
+        }
+    }
+
     /// Every entry, in index order, as (first index, entry). For tests and tools.
     pub fn entries(&self) -> Vec<(u64, Entry)> {
         let mut out = Vec::new();
@@ -450,6 +468,11 @@ impl<'a> IndexView<'a> {
         self.0.prev_miss(index, max_scan)
     }
 
+    /// See [`Index::next_present`].
+    pub fn next_present(&self, index: u64, last: u64) -> Option<u64> {
+        self.0.next_present(index, last)
+    }
+
     /// See [`Index::entries`].
     pub fn entries(&self) -> Vec<(u64, Entry)> {
         self.0.entries()
@@ -617,6 +640,48 @@ impl IndexWriter<'_> {
         }
         self.shrink();
         Ok(Some(found))
+    }
+
+    /// Replaces the entry `old` covering `index` with `new`, of the same order, in place: a
+    /// lockless reader sees one or the other, never a hole. Returns whether `old` was found.
+    pub fn replace(&mut self, index: u64, old: Entry, new: Entry) -> Result<bool, Error> {
+        if old.order() != new.order() {
+            return Err(Error::OrderMismatch {
+                old: old.order(),
+                new: new.order(),
+            });
+        }
+        if let Entry::Value { value, .. } = new
+            && value > MAX_VALUE
+        {
+            return Err(Error::ValueTooLarge { value });
+        }
+        let mut node = self.index.root_node();
+        loop {
+            if node.is_null() {
+                return Ok(false);
+            }
+            // SAFETY: under the writer lock every node reachable from the root is live.
+            let n = unsafe { &*node };
+            let top = u32::from(n.shift) + CHUNK_SHIFT;
+            if std::ptr::eq(node, self.index.root_node()) && top < 64 && index >> top != 0 {
+                return Ok(false);
+            }
+            let word = n.slots[n.offset(index)].load(Ordering::Relaxed);
+            if is_node(word) {
+                node = word as *const Node;
+                continue;
+            }
+            if Entry::decode(word) != Some(old) {
+                return Ok(false);
+            }
+            let (first_slot, span) = group(n, index, old.order());
+            let new = new.encode();
+            for slot in &n.slots[first_slot..first_slot + span] {
+                slot.store(new, Ordering::Release);
+            }
+            return Ok(true);
+        }
     }
 
     /// Removes every entry lying entirely inside `range` and returns them as (first index,

@@ -175,10 +175,49 @@ impl<'m> FolioRef<'m> {
     }
 
     /// The folio's first byte. The bytes may be read through this pointer while the folio is
-    /// uptodate, and written only by the thread that holds the folio's lock while it is not
-    /// uptodate, or by the owner of a folio that is in no mapping yet.
+    /// uptodate (prefer [`bytes`](Self::bytes)), and written only by the thread that holds the
+    /// folio's lock while it is not uptodate, or by the owner of a folio that is in no mapping
+    /// yet. An uptodate folio must never be written: readers rely on it being immutable.
     pub fn as_ptr(&self) -> *mut u8 {
         self.mem.page_ptr(self.pfn)
+    }
+
+    /// The folio's bytes, if it is uptodate.
+    ///
+    /// Folios are immutable once uptodate: their bytes are written only while the folio is
+    /// private (before insertion) or while it is locked and not yet uptodate (a fill), and a
+    /// changed file range gets a *new* folio swapped into the index instead (copy on write).
+    /// An uptodate folio is only freed after its last reference is dropped, so the slice stays
+    /// valid and unchanged for as long as this reference lives.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        if !self.is_uptodate() {
+            return None;
+        }
+        // SAFETY: the folio spans `len()` bytes of the arena from `as_ptr()`; the reference
+        // keeps it allocated; it is uptodate (acquire: its fill happened before), and nothing
+        // writes an uptodate folio (see above), so a shared slice is sound.
+        Some(unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) })
+    }
+
+    /// The bytes of a *private* folio, for filling it before it is inserted anywhere.
+    ///
+    /// Contract (crate-internal callers): `self` came from `alloc_folio`, was never inserted
+    /// into a mapping nor cloned, and is not uptodate. Then no other thread can access its
+    /// bytes: a stale speculative reader may touch its *count*, but reads bytes only after
+    /// re-validating against an index slot, and no slot holds this folio.
+    pub(crate) fn private_bytes_mut(&mut self) -> &mut [u8] {
+        debug_assert_eq!(self.mapping_id(), 0, "not a private folio");
+        debug_assert!(!self.is_uptodate(), "an uptodate folio is immutable");
+        // SAFETY: per the contract above the caller has exclusive access to these bytes for
+        // the lifetime of the `&mut self` borrow; the range is inside the arena.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) }
+    }
+
+    /// Marks a private folio uptodate after filling it (before it is inserted).
+    pub(crate) fn mark_uptodate(&self) {
+        self.desc()
+            .flags
+            .fetch_or(flag::UPTODATE, Ordering::Release);
     }
 
     /// Current number of references (0 if frozen), for tests and statistics.

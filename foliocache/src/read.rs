@@ -1,0 +1,256 @@
+//! The read path, shared by every kind of file (DESIGN.md's data flow).
+//!
+//! `ReadPolicy::Batched` (seed 004, the default): take a batch of up to 31 contiguous folios
+//! per index walk ([`Mapping::get_read_batch`]); copy uptodate folios; for holes and folios
+//! that are not uptodate, remember a pending *zero run* and clear the destination in one
+//! `fill` when the run ends, however many folios and holes it spans. A hole is measured with
+//! one skip over empty index slots ([`IndexView::next_present`]), not page by page.
+//!
+//! `ReadPolicy::PerFolio` (the shmem loop before seed 004): one top-down index walk per
+//! iteration, the folio locked and unlocked to check it is still in the file, and for holes and
+//! folios that are not uptodate one 4 KiB copy from a zero page per iteration.
+//!
+//! Both read the size once, return a short read at end of file, and never take the file's
+//! write lock: folios are immutable while uptodate (see [`crate::file`]), so a copy needs only
+//! the folio's reference.
+//!
+//! [`IndexView::next_present`]: crate::index::IndexView::next_present
+
+use crate::cache::ReadPolicy;
+use crate::error::Error;
+use crate::file::FileInner;
+use crate::mapping::{BatchEnd, FolioBatch, Mapping};
+use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE};
+use std::ops::Deref;
+
+/// A shared buffer of zeros for holes in zero-copy reads and the per-folio loop's zero page.
+/// It sits in `.bss`, so reading it costs no memory (the kernel maps its zero page).
+static ZEROS: [u8; 2 << 20] = [0; 2 << 20];
+
+/// Reads `buf.len()` bytes at `pos` (fewer at end of file).
+pub(crate) fn read_at(file: &FileInner, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
+    let mapping = &file.mapping;
+    let size = mapping.size();
+    if buf.is_empty() || pos >= size {
+        return Ok(0);
+    }
+    let len = (size - pos).min(buf.len() as u64) as usize;
+    let buf = &mut buf[..len];
+    match file.policy.read {
+        ReadPolicy::Batched => read_batched(mapping, buf, pos),
+        ReadPolicy::PerFolio => read_per_folio(mapping, buf, pos),
+    }
+    Ok(len)
+}
+
+/// Zeros pending in the destination, cleared in one run when something else comes.
+struct ZeroRun {
+    from: Option<usize>,
+}
+
+impl ZeroRun {
+    fn extend(&mut self, at: usize) {
+        self.from.get_or_insert(at);
+    }
+
+    fn flush(&mut self, buf: &mut [u8], to: usize) {
+        if let Some(from) = self.from.take() {
+            buf[from..to].fill(0);
+        }
+    }
+}
+
+fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64) {
+    let end = pos + buf.len() as u64;
+    let last = (end - 1) >> PAGE_SHIFT;
+    let mut at = pos;
+    let mut zeros = ZeroRun { from: None };
+    let mut batch = FolioBatch::new();
+    while at < end {
+        let done = (at - pos) as usize;
+        mapping.get_read_batch(at >> PAGE_SHIFT, last, BatchEnd::AtGap, &mut batch);
+        if batch.is_empty() {
+            // A hole: zeros up to the next cached folio or the end.
+            let next = mapping
+                .index()
+                .next_present(at >> PAGE_SHIFT, last)
+                .map_or(end, |page| (page << PAGE_SHIFT).min(end));
+            zeros.extend(done);
+            at = next;
+            continue;
+        }
+        for folio in batch.folios() {
+            let first = folio.index() << PAGE_SHIFT;
+            let n = ((first + folio.len() as u64).min(end) - at) as usize;
+            let done = (at - pos) as usize;
+            match folio.bytes() {
+                Some(bytes) => {
+                    zeros.flush(buf, done);
+                    let from = (at - first) as usize;
+                    buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+                }
+                None => zeros.extend(done),
+            }
+            at += n as u64;
+        }
+        batch.clear();
+    }
+    zeros.flush(buf, buf.len());
+}
+
+fn read_per_folio(mapping: &Mapping, buf: &mut [u8], pos: u64) {
+    let end = pos + buf.len() as u64;
+    let mut at = pos;
+    while at < end {
+        let done = (at - pos) as usize;
+        let page_end = ((at >> PAGE_SHIFT) + 1) << PAGE_SHIFT;
+        let folio = mapping.lookup(at >> PAGE_SHIFT).filter(|folio| {
+            // The old loop locked the folio to check it was still in this file.
+            folio.lock();
+            let ours = folio.mapping_id() == mapping.id();
+            folio.unlock();
+            ours
+        });
+        match folio.as_ref().and_then(FolioRef::bytes) {
+            Some(bytes) => {
+                let first = folio.as_ref().map_or(0, |f| f.index() << PAGE_SHIFT);
+                let n = ((first + bytes.len() as u64).min(end) - at) as usize;
+                let from = (at - first) as usize;
+                buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+                at += n as u64;
+            }
+            None => {
+                // A hole or a folio not uptodate: one page of zeros from the zero page.
+                let n = (page_end.min(end) - at) as usize;
+                buf[done..done + n].copy_from_slice(&ZEROS[..n]);
+                at += n as u64;
+            }
+        }
+    }
+}
+
+/// A piece of a zero-copy read: bytes of a referenced folio, or zeros.
+#[derive(Debug)]
+pub enum Slice<'m> {
+    /// `len` bytes of `folio` from byte `start`; the reference pins them.
+    Folio {
+        /// The folio, referenced.
+        folio: FolioRef<'m>,
+        /// First byte within the folio.
+        start: usize,
+        /// Number of bytes.
+        len: usize,
+    },
+    /// `len` zero bytes (a hole, or a folio that is not uptodate).
+    Zeros(usize),
+}
+
+impl Deref for Slice<'_> {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Folio { folio, start, len } => match folio.bytes() {
+                Some(bytes) => &bytes[*start..*start + *len],
+                // Not reachable: only uptodate folios become `Folio` slices, and a referenced
+                // folio stays uptodate.
+                None => &ZEROS[..(*len).min(ZEROS.len())],
+            },
+            Self::Zeros(len) => &ZEROS[..*len],
+        }
+    }
+}
+
+/// The result of [`Handle::read_folios`](crate::Handle::read_folios): the slices, in order,
+/// covering the range read (clipped at end of file).
+#[derive(Debug, Default)]
+pub struct ReadRun<'m> {
+    slices: Vec<Slice<'m>>,
+    len: usize,
+}
+
+impl<'m> ReadRun<'m> {
+    /// The slices, in file order.
+    pub fn slices(&self) -> &[Slice<'m>] {
+        &self.slices
+    }
+
+    /// Total bytes (0 at or past end of file).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the run is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies the run into a vector (for tests and convenience).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len);
+        for slice in &self.slices {
+            out.extend_from_slice(slice);
+        }
+        out
+    }
+
+    fn push_zeros(&mut self, mut n: usize) {
+        self.len += n;
+        if let Some(Slice::Zeros(last)) = self.slices.last_mut() {
+            let room = ZEROS.len() - *last;
+            let add = room.min(n);
+            *last += add;
+            n -= add;
+        }
+        while n > 0 {
+            let add = n.min(ZEROS.len());
+            self.slices.push(Slice::Zeros(add));
+            n -= add;
+        }
+    }
+}
+
+pub(crate) fn read_folios(file: &FileInner, pos: u64, len: usize) -> Result<ReadRun<'_>, Error> {
+    let mapping = &file.mapping;
+    let size = mapping.size();
+    let mut run = ReadRun::default();
+    if len == 0 || pos >= size {
+        return Ok(run);
+    }
+    let end = pos + (size - pos).min(len as u64);
+    let last = (end - 1) >> PAGE_SHIFT;
+    let mut at = pos;
+    let mut batch = FolioBatch::new();
+    while at < end {
+        mapping.get_read_batch(at >> PAGE_SHIFT, last, BatchEnd::AtGap, &mut batch);
+        if batch.is_empty() {
+            let next = mapping
+                .index()
+                .next_present(at >> PAGE_SHIFT, last)
+                .map_or(end, |page| (page << PAGE_SHIFT).min(end));
+            run.push_zeros((next - at) as usize);
+            at = next;
+            continue;
+        }
+        for folio in batch.drain() {
+            let first = folio.index() << PAGE_SHIFT;
+            let n = ((first + folio.len() as u64).min(end) - at) as usize;
+            if folio.is_uptodate() {
+                let start = (at - first) as usize;
+                run.len += n;
+                run.slices.push(Slice::Folio {
+                    folio,
+                    start,
+                    len: n,
+                });
+            } else {
+                run.push_zeros(n);
+            }
+            at += n as u64;
+        }
+    }
+    debug_assert_eq!(run.len as u64, end - pos);
+    Ok(run)
+}
+
+const _: () = assert!(PAGE_SIZE <= ZEROS.len());
