@@ -25,7 +25,7 @@
 //! that moves end of file forward over them (a write, `set_len`, `fallocate`) first replaces
 //! that folio with one whose tail is zero.
 
-use crate::cache::{Cache, Policy};
+use crate::cache::{Cache, Policy, ReadPolicy};
 use crate::error::Error;
 use crate::mapping::Mapping;
 use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE};
@@ -58,6 +58,8 @@ pub struct Handle {
     file: File,
     /// Byte position just after the last read (the kernel's `ra->prev_pos`).
     prev_pos: u64,
+    /// How this reader walks the index (the cache's policy unless changed).
+    read: ReadPolicy,
 }
 
 impl File {
@@ -78,6 +80,7 @@ impl File {
         Handle {
             file: self.clone(),
             prev_pos: 0,
+            read: self.inner.policy.read,
         }
     }
 
@@ -250,7 +253,9 @@ impl File {
         while page <= last {
             if let Some(folio) = mapping.lookup(page) {
                 let next = folio.index() + folio.nr_pages() as u64;
-                if cover == Cover::Write && !plan.replaces(&folio) {
+                // Pages are visited in ascending order and each folio once: no need to ask
+                // whether it is already planned.
+                if cover == Cover::Write {
                     let new = self.alloc_or_no_space(folio.order(), plan)?;
                     plan.cows.push((folio, new));
                 }
@@ -322,9 +327,13 @@ impl File {
     /// Puts a filled plan into the file: new folios inserted, copies swapped in.
     fn publish(&self, plan: Plan<'_>) -> Result<(), Error> {
         let mapping = &self.inner.mapping;
-        for (start, folio, _) in &plan.news {
-            mapping.add_folio(folio, *start)?;
-            folio.unlock();
+        for (start, folio, filled) in &plan.news {
+            if *filled {
+                mapping.add_folio(folio, *start)?;
+                folio.unlock();
+            } else {
+                mapping.add_zeroed_folio(folio, *start)?;
+            }
         }
         for (old, new) in &plan.cows {
             mapping.replace_folio(old, new)?;
@@ -352,14 +361,26 @@ struct Plan<'c> {
 }
 
 impl<'c> Plan<'c> {
+    /// Whether `folio` is already planned for a copy (used for the one or two extra copies a
+    /// change may add after covering its range: a scan of the plan is fine there).
     fn replaces(&self, folio: &FolioRef<'_>) -> bool {
         self.cows.iter().any(|(old, _)| old.id() == folio.id())
     }
 
+    /// Whether `start..=last` overlaps a planned new folio. `plan_cover` plans new folios in
+    /// ascending page order, so the scan from the end stops at the first one wholly before
+    /// `start`: one or two comparisons, not one per planned folio.
     fn overlaps(&self, start: u64, last: u64) -> bool {
-        self.news
-            .iter()
-            .any(|(s, f, _)| *s <= last && start < *s + f.nr_pages() as u64)
+        for (s, f, _) in self.news.iter().rev() {
+            let end = *s + f.nr_pages() as u64;
+            if *s <= last && start < end {
+                return true;
+            }
+            if end <= start {
+                return false;
+            }
+        }
+        false
     }
 
     fn pages(&self) -> u64 {
@@ -415,9 +436,9 @@ impl Handle {
 
     /// Reads up to `buf.len()` bytes at `pos`; fewer at end of file, 0 at or past it. Holes
     /// and folios that are not uptodate read as zeros. How the index is walked is the cache's
-    /// [`ReadPolicy`](crate::ReadPolicy).
+    /// [`ReadPolicy`] (see [`set_read_policy`](Self::set_read_policy)).
     pub fn read_at(&mut self, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
-        let n = read::read_at(&self.file.inner, buf, pos)?;
+        let n = read::read_at(&self.file.inner, self.read, buf, pos)?;
         if n > 0 {
             self.prev_pos = pos + n as u64;
         }
@@ -429,6 +450,12 @@ impl Handle {
     /// folios stay pinned until the run is dropped.
     pub fn read_folios(&self, pos: u64, len: usize) -> Result<ReadRun<'_>, Error> {
         read::read_folios(&self.file.inner, pos, len)
+    }
+
+    /// Chooses how this handle's reads walk the index (the cache's policy by default): one
+    /// binary, and even one file, can measure seed 004's before and after side by side.
+    pub fn set_read_policy(&mut self, read: ReadPolicy) {
+        self.read = read;
     }
 
     /// The byte position just after the last successful read (0 before any).

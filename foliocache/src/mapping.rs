@@ -38,6 +38,8 @@ pub const BATCH_SIZE: usize = 31;
 #[derive(Debug)]
 pub struct FolioBatch<'m> {
     folios: arrayvec::ArrayVec<FolioRef<'m>, BATCH_SIZE>,
+    /// For a batch that came back empty: where the gap at its start ends.
+    gap_end: Option<u64>,
 }
 
 impl Default for FolioBatch<'_> {
@@ -51,6 +53,7 @@ impl<'m> FolioBatch<'m> {
     pub fn new() -> Self {
         Self {
             folios: arrayvec::ArrayVec::new(),
+            gap_end: None,
         }
     }
 
@@ -67,6 +70,15 @@ impl<'m> FolioBatch<'m> {
     /// Releases every reference.
     pub fn clear(&mut self) {
         self.folios.clear();
+        self.gap_end = None;
+    }
+
+    /// After [`Mapping::get_read_batch`] returned no folio: where the gap at the start of the
+    /// requested range ends, i.e. its first page holding a folio with data (`None`: the gap
+    /// runs to the end of the range). Holes and folios that read as zeros are both gap. The
+    /// gap was measured in the same index walk.
+    pub fn gap_end(&self) -> Option<u64> {
+        self.gap_end
     }
 
     /// The folios, in index order.
@@ -80,13 +92,19 @@ impl<'m> FolioBatch<'m> {
     }
 }
 
-/// Where a read batch ends besides a gap, the batch size and the requested range.
+/// Where a read batch ends besides a gap (a hole, or a folio whose entry says it reads as
+/// zeros), the batch size and the requested range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BatchEnd {
     /// Only at a gap (memory files: a folio that is not uptodate reads as zeros).
     AtGap,
     /// Also right after a folio that is not uptodate or carries the READAHEAD mark.
     AtNotReady,
+}
+
+/// Whether a loaded entry is a folio with data (not a hole, a value, or a zeros folio).
+fn holds_data(entry: Option<Entry>) -> bool {
+    matches!(entry, Some(Entry::Folio { zeros: false, .. }))
 }
 
 /// Why a folio could not be removed; the caller gets its reference back.
@@ -262,8 +280,26 @@ impl Mapping {
         let mut cursor = self.index.cursor();
         let mut want = start;
         let mut entry = cursor.load(want);
+        if !holds_data(entry) {
+            // A gap at the start: measure it in this same walk, for the caller to skip.
+            batch.gap_end = loop {
+                if cursor.next_pos().is_none_or(|next| next > last) {
+                    break None;
+                }
+                if holds_data(cursor.load_next()) {
+                    break Some(cursor.first().max(start));
+                }
+            };
+            self.counters.index_walks.add(cursor.walks());
+            return;
+        }
         while batch.len() < max {
-            let Some(found @ Entry::Folio { id, .. }) = entry else {
+            let Some(
+                found @ Entry::Folio {
+                    id, zeros: false, ..
+                },
+            ) = entry
+            else {
                 break;
             };
             if !batch.is_empty() && cursor.first() != want {
@@ -295,7 +331,7 @@ impl Mapping {
 
     /// Checks that `folio` can be inserted and prepares its descriptor (outside the lock):
     /// claims it for this mapping, takes its lock and the page cache's own reference.
-    fn prepare(&self, folio: &FolioRef<'_>, index: u64) -> Result<Entry, Error> {
+    fn prepare(&self, folio: &FolioRef<'_>, index: u64, zeros: Zeros) -> Result<Entry, Error> {
         if !std::ptr::eq(folio.mem, self.mem()) {
             return Err(Error::ForeignFolio);
         }
@@ -321,6 +357,7 @@ impl Mapping {
         Ok(Entry::Folio {
             id: folio.pfn,
             order,
+            zeros: zeros == Zeros::Yes,
         })
     }
 
@@ -340,13 +377,38 @@ impl Mapping {
     /// and the cache holds its own reference besides the caller's. Returns the shadow value the
     /// folio replaced, if any.
     pub fn add_folio(&self, folio: &FolioRef<'_>, index: u64) -> Result<Option<u64>, Error> {
-        let entry = self.prepare(folio, index)?;
+        let entry = self.prepare(folio, index, Zeros::No)?;
         let result = self.lock().insert(index, entry);
         match result {
             Ok(shadow) => {
                 self.counters.insertions.inc();
                 self.cached_pages
                     .fetch_add(folio.nr_pages() as u64, StatOrdering::Relaxed);
+                Ok(shadow)
+            }
+            Err(error) => {
+                self.unprepare(folio);
+                Err(error)
+            }
+        }
+    }
+
+    /// Inserts a private folio that reads as zeros for as long as it is in the index (a memory
+    /// file's fallocated range): the entry carries that fact, so readers zero-fill without
+    /// touching the folio, and no one ever fills it. The folio must not be uptodate; it is
+    /// inserted unlocked. Returns the shadow value it replaced, if any.
+    pub fn add_zeroed_folio(&self, folio: &FolioRef<'_>, index: u64) -> Result<Option<u64>, Error> {
+        if folio.is_uptodate() {
+            return Err(Error::FolioInUse { mapping: 0 });
+        }
+        let entry = self.prepare(folio, index, Zeros::Yes)?;
+        let result = self.lock().insert(index, entry);
+        match result {
+            Ok(shadow) => {
+                self.counters.insertions.inc();
+                self.cached_pages
+                    .fetch_add(folio.nr_pages() as u64, StatOrdering::Relaxed);
+                folio.unlock();
                 Ok(shadow)
             }
             Err(error) => {
@@ -364,7 +426,7 @@ impl Mapping {
         let mut entries = Vec::with_capacity(folios.len());
         let mut index = start;
         for folio in folios {
-            match self.prepare(folio, index) {
+            match self.prepare(folio, index, Zeros::No) {
                 Ok(entry) => entries.push(entry),
                 Err(error) => {
                     for prepared in &folios[..entries.len()] {
@@ -406,19 +468,18 @@ impl Mapping {
         if shadow.is_some_and(|value| value > MAX_VALUE) {
             return Err(RemoveError::ShadowTooLarge(folio));
         }
-        let entry = Entry::Folio {
-            id: folio.pfn,
-            order: folio.order(),
-        };
         let index = folio.index();
         let policy = self.mem().policy;
         {
             let mut writer = self.lock();
+            let Some(entry) = entry_of(&writer, &folio) else {
+                return Err(RemoveError::NotInMapping(folio));
+            };
             // Only while the index holds the folio is the cache's reference outstanding (no one
             // else can unhook it: that takes this lock). So a count of 2 then means exactly the
             // cache and the caller; a folio truncated meanwhile must not be frozen at all, or a
             // concurrent `put` of the cache's reference would land on the frozen count.
-            if folio.mapping_id() != self.id || writer.load(index) != Some(entry) {
+            if folio.mapping_id() != self.id {
                 return Err(RemoveError::NotInMapping(folio));
             }
             if !folio.desc().refcount.freeze(2, policy) {
@@ -448,17 +509,14 @@ impl Mapping {
             return Err(Error::ForeignFolio);
         }
         let index = old.index();
-        let old_entry = Entry::Folio {
-            id: old.pfn,
-            order: old.order(),
-        };
-        let new_entry = self.prepare(new, index)?;
+        let new_entry = self.prepare(new, index, Zeros::No)?;
         let replaced = {
             let mut writer = self.lock();
-            let replaced = if old.mapping_id() == self.id {
-                writer.replace(index, old_entry, new_entry)
-            } else {
-                Ok(false)
+            let replaced = match entry_of(&writer, old) {
+                Some(old_entry) if old.mapping_id() == self.id => {
+                    writer.replace(index, old_entry, new_entry)
+                }
+                _ => Ok(false),
             };
             if let Ok(true) = replaced {
                 old.desc().mapping.store(0, Ordering::Release);
@@ -501,7 +559,7 @@ impl Mapping {
         };
         let mut total = 0;
         for (_, entry) in removed {
-            if let Entry::Folio { id, order } = entry {
+            if let Entry::Folio { id, order, .. } = entry {
                 total += 1u64 << order;
                 self.counters.removals.inc();
                 self.mem().put(id);
@@ -535,6 +593,25 @@ impl Mapping {
             index_nodes: self.index.node_count() as u64,
             index_bytes: self.index.memory_bytes() as u64,
         }
+    }
+}
+
+/// Whether a folio inserted into the index reads as zeros (see [`Entry::Folio`]'s `zeros`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Zeros {
+    Yes,
+    No,
+}
+
+/// The index entry of `folio` at its index, if the index holds exactly this folio there.
+fn entry_of(writer: &IndexWriter<'_>, folio: &FolioRef<'_>) -> Option<Entry> {
+    match writer.load(folio.index()) {
+        Some(entry @ Entry::Folio { id, order, .. })
+            if id == folio.pfn && order == folio.order() =>
+        {
+            Some(entry)
+        }
+        _ => None,
     }
 }
 

@@ -3,8 +3,11 @@
 //! `ReadPolicy::Batched` (seed 004, the default): take a batch of up to 31 contiguous folios
 //! per index walk ([`Mapping::get_read_batch`]); copy uptodate folios; for holes and folios
 //! that are not uptodate, remember a pending *zero run* and clear the destination in one
-//! `fill` when the run ends, however many folios and holes it spans. A hole is measured with
-//! one skip over empty index slots ([`IndexView::next_present`]), not page by page.
+//! `fill` when the run ends, however many folios and holes it spans. A hole is measured in the
+//! same index walk that found it ([`FolioBatch::gap_end`]), skipping empty slots whole.
+//!
+//! A read within one page skips the batch machinery: one speculative lookup, as the kernel's
+//! batch of one costs one load, one try-get and one reload.
 //!
 //! `ReadPolicy::PerFolio` (the shmem loop before seed 004): one top-down index walk per
 //! iteration, the folio locked and unlocked to check it is still in the file, and for holes and
@@ -13,8 +16,6 @@
 //! Both read the size once, return a short read at end of file, and never take the file's
 //! write lock: folios are immutable while uptodate (see [`crate::file`]), so a copy needs only
 //! the folio's reference.
-//!
-//! [`IndexView::next_present`]: crate::index::IndexView::next_present
 
 use crate::cache::ReadPolicy;
 use crate::error::Error;
@@ -28,7 +29,12 @@ use std::ops::Deref;
 static ZEROS: [u8; 2 << 20] = [0; 2 << 20];
 
 /// Reads `buf.len()` bytes at `pos` (fewer at end of file).
-pub(crate) fn read_at(file: &FileInner, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
+pub(crate) fn read_at(
+    file: &FileInner,
+    policy: ReadPolicy,
+    buf: &mut [u8],
+    pos: u64,
+) -> Result<usize, Error> {
     let mapping = &file.mapping;
     let size = mapping.size();
     if buf.is_empty() || pos >= size {
@@ -36,7 +42,7 @@ pub(crate) fn read_at(file: &FileInner, buf: &mut [u8], pos: u64) -> Result<usiz
     }
     let len = (size - pos).min(buf.len() as u64) as usize;
     let buf = &mut buf[..len];
-    match file.policy.read {
+    match policy {
         ReadPolicy::Batched => read_batched(mapping, buf, pos),
         ReadPolicy::PerFolio => read_per_folio(mapping, buf, pos),
     }
@@ -63,6 +69,18 @@ impl ZeroRun {
 fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64) {
     let end = pos + buf.len() as u64;
     let last = (end - 1) >> PAGE_SHIFT;
+    if pos >> PAGE_SHIFT == last {
+        // Within one page, a batch is one folio: one load, one try_get, one reload.
+        match mapping.lookup(last) {
+            Some(folio) if folio.is_uptodate() => {
+                let bytes = folio.bytes().unwrap_or_default();
+                let from = (pos - (folio.index() << PAGE_SHIFT)) as usize;
+                buf.copy_from_slice(&bytes[from..from + buf.len()]);
+            }
+            _ => buf.fill(0),
+        }
+        return;
+    }
     let mut at = pos;
     let mut zeros = ZeroRun { from: None };
     let mut batch = FolioBatch::new();
@@ -71,27 +89,46 @@ fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64) {
         mapping.get_read_batch(at >> PAGE_SHIFT, last, BatchEnd::AtGap, &mut batch);
         if batch.is_empty() {
             // A hole: zeros up to the next cached folio or the end.
-            let next = mapping
-                .index()
-                .next_present(at >> PAGE_SHIFT, last)
-                .map_or(end, |page| (page << PAGE_SHIFT).min(end));
+            let next = batch
+                .gap_end()
+                .map_or(end, |page| (page << PAGE_SHIFT).clamp(at, end));
             zeros.extend(done);
             at = next;
             continue;
         }
-        for folio in batch.folios() {
-            let first = folio.index() << PAGE_SHIFT;
-            let n = ((first + folio.len() as u64).min(end) - at) as usize;
+        let folios = batch.folios();
+        let mut k = 0;
+        while k < folios.len() && at < end {
+            let first = folios[k].index() << PAGE_SHIFT;
             let done = (at - pos) as usize;
-            match folio.bytes() {
+            // The longest run of folios from here that are uptodate and adjacent in the arena:
+            // copied with one memcpy.
+            let mut run = k + 1;
+            if folios[k].is_uptodate() {
+                while run < folios.len()
+                    && folios[run].is_uptodate()
+                    && folios[run].id() == folios[run - 1].id() + folios[run - 1].nr_pages() as u32
+                {
+                    run += 1;
+                }
+            }
+            let span = match FolioRef::contiguous_bytes(&folios[k..run]) {
                 Some(bytes) => {
+                    let n = ((first + bytes.len() as u64).min(end) - at) as usize;
                     zeros.flush(buf, done);
                     let from = (at - first) as usize;
                     buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+                    n
                 }
-                None => zeros.extend(done),
-            }
-            at += n as u64;
+                None => {
+                    // Not uptodate (a memory file's fallocated folio): zeros.
+                    run = k + 1;
+                    zeros.extend(done);
+                    ((first + folios[k].len() as u64).min(end) - at) as usize
+                }
+            };
+            at += span as u64;
+            k = run;
         }
         batch.clear();
     }
@@ -224,10 +261,9 @@ pub(crate) fn read_folios(file: &FileInner, pos: u64, len: usize) -> Result<Read
     while at < end {
         mapping.get_read_batch(at >> PAGE_SHIFT, last, BatchEnd::AtGap, &mut batch);
         if batch.is_empty() {
-            let next = mapping
-                .index()
-                .next_present(at >> PAGE_SHIFT, last)
-                .map_or(end, |page| (page << PAGE_SHIFT).min(end));
+            let next = batch
+                .gap_end()
+                .map_or(end, |page| (page << PAGE_SHIFT).clamp(at, end));
             run.push_zeros((next - at) as usize);
             at = next;
             continue;

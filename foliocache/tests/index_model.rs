@@ -10,6 +10,15 @@ use foliocache::index::{Entry, Index, RangeStop};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
+/// A folio entry; some carry the `zeros` flag, which the index must store and return as is.
+fn fe(id: u32, order: u8) -> Entry {
+    Entry::Folio {
+        id,
+        order,
+        zeros: id.is_multiple_of(3),
+    }
+}
+
 /// Bases far apart, so the tree needs several levels and the top of the index space is used.
 const BASES: [u64; 3] = [0, 1 << 36, u64::MAX - 4095];
 /// Indexes used past each base.
@@ -130,10 +139,7 @@ impl Harness {
                     Some(value) => Entry::Value { value, order },
                     None => {
                         self.next_id += 1;
-                        Entry::Folio {
-                            id: self.next_id,
-                            order,
-                        }
+                        fe(self.next_id, order)
                     }
                 };
                 self.insert_one(first, entry);
@@ -153,10 +159,7 @@ impl Harness {
                 let mut entries = Vec::new();
                 for &order in orders {
                     self.next_id += 1;
-                    entries.push(Entry::Folio {
-                        id: self.next_id,
-                        order,
-                    });
+                    entries.push(fe(self.next_id, order));
                 }
                 let mut aligned = true;
                 let mut at = start;
@@ -222,15 +225,12 @@ impl Harness {
                 match found {
                     Some(Cell::Folio { id, order, first }) => {
                         // A wrong `expected` removes nothing.
-                        let wrong = Entry::Folio {
-                            id: id + 1_000_000,
-                            order,
-                        };
+                        let wrong = fe(id + 1_000_000, order);
                         assert_eq!(
                             self.index.lock().remove(at, Some(wrong), None).unwrap(),
                             None
                         );
-                        let entry = Entry::Folio { id, order };
+                        let entry = fe(id, order);
                         let got = self.index.lock().remove(at, Some(entry), shadow).unwrap();
                         assert_eq!(got, Some(entry));
                         self.model.fill(first, order, shadow.map(Cell::Value));
@@ -308,7 +308,7 @@ impl Harness {
         let shadow = self.model.first_value_in(first, order);
         assert_eq!(result.expect("no conflict"), shadow, "shadow at {first}");
         let cell = match entry {
-            Entry::Folio { id, order } => Cell::Folio { id, order, first },
+            Entry::Folio { id, order, .. } => Cell::Folio { id, order, first },
             Entry::Value { value, .. } => Cell::Value(value),
         };
         self.model.fill(first, order, Some(cell));
@@ -323,9 +323,15 @@ impl Harness {
                 Some(Entry::Folio {
                     id: gid,
                     order: gorder,
+                    zeros,
                 }),
             ) => {
                 assert_eq!((*id, *order), (gid, gorder), "index {i}");
+                assert_eq!(
+                    zeros,
+                    gid % 3 == 0,
+                    "index {i}: the zeros flag came back changed"
+                );
             }
             (Some(Cell::Value(v)), Some(Entry::Value { value, .. })) => {
                 assert_eq!(*v, value, "index {i}");
@@ -385,13 +391,7 @@ impl Harness {
         while expect.len() < max as usize {
             match self.model.cells.get(&pos) {
                 Some(Cell::Folio { id, order, first }) => {
-                    expect.push((
-                        *first,
-                        Entry::Folio {
-                            id: *id,
-                            order: *order,
-                        },
-                    ));
+                    expect.push((*first, fe(*id, *order)));
                     match first.checked_add(1u64 << order) {
                         Some(next) => pos = next,
                         None => break,
@@ -462,23 +462,20 @@ proptest! {
 #[test]
 fn node_limit_stops_insert_range_with_no_memory() {
     let index = Index::with_node_limit(1);
-    let entries: Vec<Entry> = (0..100).map(|id| Entry::Folio { id, order: 0 }).collect();
+    let entries: Vec<Entry> = (0..100).map(|id| fe(id, 0)).collect();
     let result = index.lock().insert_range(0, &entries).unwrap();
     // One leaf holds 64 entries; the 65th needs a second leaf and a new root.
     assert_eq!(result.inserted, 64);
     assert_eq!(result.stopped, Some(RangeStop::NoMemory));
-    assert_eq!(index.load(63), Some(Entry::Folio { id: 63, order: 0 }));
+    assert_eq!(index.load(63), Some(fe(63, 0)));
     assert_eq!(index.load(64), None);
 }
 
 #[test]
 fn present_folio_stops_insert_range() {
     let index = Index::new();
-    index
-        .lock()
-        .insert(5, Entry::Folio { id: 99, order: 0 })
-        .unwrap();
-    let entries: Vec<Entry> = (0..8).map(|id| Entry::Folio { id, order: 0 }).collect();
+    index.lock().insert(5, fe(99, 0)).unwrap();
+    let entries: Vec<Entry> = (0..8).map(|id| fe(id, 0)).collect();
     let result = index.lock().insert_range(0, &entries).unwrap();
     assert_eq!(result.inserted, 5);
     assert_eq!(result.stopped, Some(RangeStop::Present(5)));
@@ -489,11 +486,11 @@ fn bad_input_is_an_error() {
     let index = Index::new();
     let mut w = index.lock();
     assert!(matches!(
-        w.insert(3, Entry::Folio { id: 1, order: 2 }),
+        w.insert(3, fe(1, 2)),
         Err(Error::Misaligned { index: 3, order: 2 })
     ));
     assert!(matches!(
-        w.insert(0, Entry::Folio { id: 1, order: 64 }),
+        w.insert(0, fe(1, 64)),
         Err(Error::OrderTooLarge { .. })
     ));
     assert!(matches!(
@@ -507,32 +504,22 @@ fn bad_input_is_an_error() {
         Err(Error::ValueTooLarge { .. })
     ));
     // A run that would run past the largest index.
-    let run = [
-        Entry::Folio { id: 1, order: 0 },
-        Entry::Folio { id: 2, order: 0 },
-    ];
+    let run = [fe(1, 0), fe(2, 0)];
     assert!(matches!(
         w.insert_range(u64::MAX, &run),
         Err(Error::IndexOverflow { .. })
     ));
     // The last index itself is fine.
-    assert_eq!(
-        w.insert(u64::MAX, Entry::Folio { id: 3, order: 0 })
-            .unwrap(),
-        None
-    );
+    assert_eq!(w.insert(u64::MAX, fe(3, 0)).unwrap(), None);
     drop(w);
-    assert_eq!(index.load(u64::MAX), Some(Entry::Folio { id: 3, order: 0 }));
+    assert_eq!(index.load(u64::MAX), Some(fe(3, 0)));
     assert_eq!(index.next_miss(u64::MAX, 10), 0, "wraps");
 }
 
 #[test]
 fn next_miss_at_the_top_of_the_index_space() {
     let index = Index::new();
-    index
-        .lock()
-        .insert(u64::MAX - 1, Entry::Folio { id: 1, order: 1 })
-        .unwrap();
+    index.lock().insert(u64::MAX - 1, fe(1, 1)).unwrap();
     assert_eq!(
         index.next_miss(u64::MAX - 1, 1),
         u64::MAX,
@@ -562,7 +549,7 @@ fn a_bad_value_anywhere_in_a_run_inserts_nothing() {
 #[test]
 fn multi_order_entry_is_found_anywhere_in_its_range() {
     let index = Index::new();
-    let folio = Entry::Folio { id: 7, order: 9 };
+    let folio = fe(7, 9);
     index.lock().insert(1024, folio).unwrap();
     for i in 1024..1536 {
         assert_eq!(index.load(i), Some(folio));

@@ -225,7 +225,7 @@ fn run(policy: RefcountPolicy) {
             .entries()
             .into_iter()
             .filter_map(|(at, e)| match e {
-                Entry::Folio { id, order } => Some((at, (id, order))),
+                Entry::Folio { id, order, .. } => Some((at, (id, order))),
                 Entry::Value { .. } => None,
             })
             .collect();

@@ -221,7 +221,7 @@ fn refcount(
 ) -> Result<(), String> {
     for &t in threads {
         bar.set_message(format!("try_get+put, {t} thread(s)"));
-        let (samples, busy) = interleaved(reps, bar, |which| {
+        let (samples, busy) = interleaved(reps, 2, bar, |which| {
             Ok(try_get_put(POLICIES[which].1, t, sizes.case_time))
         })?;
         let case = format!("try_get+put/threads={t}");
@@ -266,7 +266,7 @@ fn lookup_hit(
                 .map_err(|e| e.to_string())?;
         }
     }
-    let (samples, busy) = interleaved(reps, bar, |which| {
+    let (samples, busy) = interleaved(reps, 2, bar, |which| {
         let file = &files[which];
         let start = Instant::now();
         let mut n = 0u64;
@@ -311,7 +311,7 @@ fn insertion(
         .map_err(|e| e.to_string())?;
     let variants = ["foliocache/insert_range", "foliocache/one-by-one"];
     let mut locks = [0u64; 2];
-    let (samples, busy) = interleaved(reps, bar, |which| {
+    let (samples, busy) = interleaved(reps, 2, bar, |which| {
         let mut timed = Duration::ZERO;
         for _ in 0..sizes.insert_runs {
             let file = cache.new_mapping();

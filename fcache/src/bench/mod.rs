@@ -4,6 +4,7 @@
 
 mod core;
 pub(crate) mod report;
+mod seqread;
 
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
@@ -14,6 +15,10 @@ pub(crate) enum Suite {
     /// The core: index metadata per page, try_get+put FrozenBit vs Cas (1..N threads on one
     /// folio), lookup hit, insertion one by one vs one lock hold per run.
     Core,
+    /// Seed 004's fio table: sequential reads of normal, fallocated and hole memory files,
+    /// 4k / 64k / 1M, large folios off / on; batched vs per-folio vs the kernel's tmpfs, with
+    /// memcpy and memset ceilings.
+    Seqread,
 }
 
 #[derive(Debug, Args)]
@@ -59,6 +64,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
     for suite in &suites {
         let report = match suite {
             Suite::Core => core::run(args)?,
+            Suite::Seqread => seqread::run(args)?,
         };
         let json_path = match (&args.json, suites.len()) {
             (Some(path), 1) => path.clone(),

@@ -378,21 +378,25 @@ pub(crate) fn others_busy(window: Duration) -> Option<f64> {
     Some(others as f64 / total as f64)
 }
 
-/// Samples of two systems measured alternately (A B, B A, A B, ...), `reps` times each, after
-/// waiting for an idle machine before every measurement (BENCH.md §1 and §7). `measure(k)`
-/// measures system `k` (0 or 1) once. Returns both sample lists and whether the machine was
-/// busy at any point.
+/// Samples of `systems` systems measured in rotation (A B C, B C A, C A B, ...), `reps` times
+/// each (BENCH.md §1 and §7): first a wait for an idle machine, then one warm-up round that is
+/// thrown away (an idle core is slow to come back to speed on this VM), then the timed rounds
+/// back to back. `measure(k)` measures system `k` once. Returns each system's samples and
+/// whether the machine was busy.
 pub(crate) fn interleaved(
     reps: usize,
+    systems: usize,
     bar: &indicatif::ProgressBar,
     mut measure: impl FnMut(usize) -> Result<f64, String>,
-) -> Result<([Vec<f64>; 2], bool), String> {
-    let mut samples = [Vec::with_capacity(reps), Vec::with_capacity(reps)];
-    let mut busy = false;
+) -> Result<(Vec<Vec<f64>>, bool), String> {
+    let mut samples = vec![Vec::with_capacity(reps); systems];
+    let busy = wait_for_idle(Duration::from_secs(3));
+    for k in 0..systems {
+        measure(k)?;
+    }
     for rep in 0..reps {
-        for k in 0..2 {
-            let which = (k + rep) % 2;
-            busy |= wait_for_idle(Duration::from_secs(3));
+        for k in 0..systems {
+            let which = (k + rep) % systems;
             samples[which].push(measure(which)?);
             bar.inc(1);
         }
@@ -405,7 +409,7 @@ pub(crate) fn interleaved(
 pub(crate) fn wait_for_idle(patience: Duration) -> bool {
     let start = Instant::now();
     loop {
-        match others_busy(Duration::from_millis(200)) {
+        match others_busy(Duration::from_millis(100)) {
             None => return false,
             Some(share) if share <= 0.05 => return false,
             Some(_) if start.elapsed() >= patience => return true,

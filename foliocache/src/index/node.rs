@@ -7,7 +7,7 @@
 //! | `0`             | empty |
 //! | `…00` (nonzero) | pointer to a child [`Node`] (nodes are 64-byte aligned) |
 //! | `…01`           | value entry: `value << 8 \| order << 2 \| 01` |
-//! | `…10`           | folio entry: `id << 8 \| order << 2 \| 10` |
+//! | `…10`           | folio entry: `zeros << 63 \| id << 8 \| order << 2 \| 10` |
 //!
 //! An entry of order `k` covers the `2^k` naturally aligned indexes around it. It lives in the
 //! node whose `shift` is `k` rounded down to a multiple of 6 and fills `2^(k mod 6)` consecutive
@@ -38,6 +38,11 @@ pub enum Entry {
         id: u32,
         /// log2 of its number of pages.
         order: u8,
+        /// A flag the index stores with the entry and never interprets. Memory files set it on
+        /// folios that read as zeros for as long as they are in the index (fallocated, never
+        /// written), so a reader learns that from the entry word itself and need not touch the
+        /// folio at all.
+        zeros: bool,
     },
     /// A value (a shadow entry left by eviction): at most [`MAX_VALUE`].
     Value {
@@ -61,9 +66,23 @@ impl Entry {
         matches!(self, Self::Folio { .. })
     }
 
+    /// A folio entry without the `zeros` flag.
+    pub const fn folio(id: u32, order: u8) -> Self {
+        Self::Folio {
+            id,
+            order,
+            zeros: false,
+        }
+    }
+
     pub(crate) fn encode(self) -> usize {
         match self {
-            Self::Folio { id, order } => ((id as usize) << 8) | ((order as usize) << 2) | TAG_FOLIO,
+            Self::Folio { id, order, zeros } => {
+                (usize::from(zeros) << 63)
+                    | ((id as usize) << 8)
+                    | ((order as usize) << 2)
+                    | TAG_FOLIO
+            }
             Self::Value { value, order } => {
                 debug_assert!(value <= MAX_VALUE);
                 ((value as usize) << 8) | ((order as usize) << 2) | TAG_VALUE
@@ -77,6 +96,7 @@ impl Entry {
             TAG_FOLIO => Some(Self::Folio {
                 id: (word >> 8) as u32,
                 order,
+                zeros: word >> 63 == 1,
             }),
             TAG_VALUE => Some(Self::Value {
                 value: (word >> 8) as u64,

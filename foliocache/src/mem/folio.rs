@@ -199,6 +199,28 @@ impl<'m> FolioRef<'m> {
         Some(unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) })
     }
 
+    /// The bytes of a run of uptodate folios that lie back to back in the arena (each starts
+    /// where the previous one ends), as one slice; `None` if the run is empty, not adjacent or
+    /// not all uptodate. A sequentially written file is mostly laid out this way, so a reader
+    /// can copy many folios with one `memcpy`.
+    pub fn contiguous_bytes<'a>(run: &'a [FolioRef<'m>]) -> Option<&'a [u8]> {
+        let first = run.first()?;
+        let mut len = 0usize;
+        for (k, folio) in run.iter().enumerate() {
+            if !std::ptr::eq(folio.mem, first.mem) || !folio.is_uptodate() {
+                return None;
+            }
+            if k > 0 && folio.pfn as usize != first.pfn as usize + len / PAGE_SIZE {
+                return None;
+            }
+            len += folio.len();
+        }
+        // SAFETY: the folios are adjacent in the arena (checked above), so the range from the
+        // first one's start spans exactly their bytes; every one is referenced (pinned for
+        // 'a) and uptodate, hence immutable (see `bytes`).
+        Some(unsafe { std::slice::from_raw_parts(first.as_ptr(), len) })
+    }
+
     /// The bytes of a *private* folio, for filling it before it is inserted anywhere.
     ///
     /// Contract (crate-internal callers): `self` came from `alloc_folio`, was never inserted

@@ -1,0 +1,92 @@
+//! A read loop for profiling (e.g. under `valgrind --tool=callgrind`):
+//! `cargo run --release --example read_loop -- <batched|per-folio> <normal|fallocated|hole> <block bytes> <max order> <reads>`
+
+use foliocache::{Cache, ReadPolicy};
+use std::hint::black_box;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: read_loop <batched|per-folio> <normal|fallocated|hole> <block bytes> <max order 0..=9> <reads>";
+    if args.len() != 6 {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    }
+    let policy = match args[1].as_str() {
+        "batched" => ReadPolicy::Batched,
+        "per-folio" => ReadPolicy::PerFolio,
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
+    let (Ok(block), Ok(order), Ok(reads)) = (
+        args[3].parse::<usize>(),
+        args[4].parse::<u8>(),
+        args[5].parse::<u64>(),
+    ) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let size: u64 = std::env::var("READ_LOOP_MIB")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(64)
+        << 20;
+    let huge = std::env::var("READ_LOOP_HUGE").is_ok_and(|v| v == "1");
+    let cache = Cache::builder()
+        .capacity(size + (8 << 20))
+        .huge_pages(huge)
+        .prefault(huge)
+        .build()
+        .expect("cache");
+    let file = cache.create_memory_file(order).expect("file");
+    match args[2].as_str() {
+        "normal" => {
+            // Distinct bytes everywhere (identical pages could be deduplicated by the host and
+            // then read from one cached copy).
+            let mut x = 0x9E37_79B9_7F4A_7C15u64;
+            let mut chunk = vec![0u8; 1 << 20];
+            for at in (0..size).step_by(chunk.len()) {
+                for word in chunk.chunks_exact_mut(8) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    word.copy_from_slice(&x.to_le_bytes());
+                }
+                file.write_at(&chunk, at).expect("write");
+            }
+        }
+        "fallocated" => file.fallocate(0, size).expect("fallocate"),
+        "hole" => file.set_len(size).expect("set_len"),
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    }
+    let mut handle = file.handle();
+    handle.set_read_policy(policy);
+    // READ_LOOP_DST_OFFSET: the destination's offset from a page boundary (default 0).
+    let offset: usize = std::env::var("READ_LOOP_DST_OFFSET")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut backing = vec![0u8; block + 2 * 4096];
+    let base = backing.as_ptr().align_offset(4096) + offset;
+    let buf = &mut backing[base..base + block];
+    buf.fill(1);
+    let mut pos = 0u64;
+    let start = std::time::Instant::now();
+    for _ in 0..reads {
+        let n = handle.read_at(buf, pos).expect("read") as u64;
+        black_box(&buf);
+        pos = if pos + n >= size { 0 } else { pos + n };
+    }
+    let elapsed = start.elapsed();
+    let stats = file.mapping().stats();
+    println!(
+        "{reads} reads, {} index walks, {} lookups, {:.2} GiB/s",
+        stats.index_walks,
+        stats.lookups,
+        (reads * block as u64) as f64 / elapsed.as_secs_f64() / f64::from(1u32 << 30)
+    );
+}
