@@ -328,13 +328,14 @@ fn svg_bars(plot: &Plot) -> String {
     svg
 }
 
-/// The smallest 1, 2 or 5 times a power of ten at or above `x` (a round axis maximum).
+/// The smallest round number (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6 or 8 times a power of ten) at or
+/// above `x`: an axis maximum that wastes little height.
 fn nice_ceiling(x: f64) -> f64 {
     if x.is_nan() || x <= 0.0 || x.is_infinite() {
         return 1.0;
     }
     let power = 10f64.powf(x.log10().floor());
-    [1.0, 2.0, 5.0, 10.0]
+    [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
         .into_iter()
         .map(|m| m * power)
         .find(|&v| v >= x)
@@ -462,8 +463,9 @@ mod tests {
 
     #[test]
     fn axis_maximum_is_round() {
-        assert_eq!(nice_ceiling(241.0), 500.0);
-        assert_eq!(nice_ceiling(0.3), 0.5);
+        assert_eq!(nice_ceiling(241.0), 250.0);
+        assert_eq!(nice_ceiling(101.0), 120.0);
+        assert!((nice_ceiling(0.29) - 0.3).abs() < 1e-12);
         assert_eq!(nice_ceiling(100.0), 100.0);
         assert_eq!(nice_ceiling(0.0), 1.0);
         assert_eq!(nice_ceiling(f64::NAN), 1.0);
