@@ -15,6 +15,21 @@ pub struct Policy {
     pub refcount: RefcountPolicy,
     /// How a read walks the index (seed 004).
     pub read: ReadPolicy,
+    /// Whether small reads take a reference (beyond seed 002).
+    pub small_read: SmallReadPolicy,
+}
+
+/// How a small read (at most [`SMALL_READ_MAX`](crate::read::SMALL_READ_MAX) bytes within one
+/// page) gets at the bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum SmallReadPolicy {
+    /// Copy without taking a reference, then validate (the folio's sequence word and its index
+    /// slot) and retry, falling back to `Refcounted` after a few failures. Writes no shared
+    /// cache line, so readers on many cores scale. The default.
+    #[default]
+    Optimistic,
+    /// Take a reference (`try_get`), copy, drop it (`put`): what the kernel does.
+    Refcounted,
 }
 
 /// How the read path walks the index (seed 004).
@@ -131,6 +146,9 @@ pub struct Stats {
     pub total_pages: u64,
     /// Pages not allocated to any folio.
     pub free_pages: u64,
+    /// Pages freed but waiting for optimistic readers that might still be copying them to
+    /// finish (a grace period) before they can be allocated again.
+    pub pending_free_pages: u64,
     /// Bytes of folio descriptors (one per page).
     pub folio_table_bytes: u64,
     /// The largest folio order.
@@ -194,6 +212,7 @@ impl Cache {
             capacity_bytes: self.inner.capacity,
             total_pages: mem.pages() as u64,
             free_pages: mem.free_pages() as u64,
+            pending_free_pages: mem.pending_free_pages() as u64,
             folio_table_bytes: (mem.pages() * std::mem::size_of::<crate::mem::folio::FolioDesc>())
                 as u64,
             max_order: mem.max_order,
@@ -201,7 +220,8 @@ impl Cache {
         }
     }
 
-    /// Returns pages idling in per-thread allocation caches to the shared free lists.
+    /// Completes pending grace periods (as far as running readers allow) and returns pages
+    /// idling in per-thread allocation caches to the shared free lists.
     pub fn drain_cpu_caches(&self) {
         self.inner.mem.drain_caches();
     }

@@ -25,7 +25,7 @@
 //! that moves end of file forward over them (a write, `set_len`, `fallocate`) first replaces
 //! that folio with one whose tail is zero.
 
-use crate::cache::{Cache, Policy, ReadPolicy};
+use crate::cache::{Cache, Policy, ReadPolicy, SmallReadPolicy};
 use crate::error::Error;
 use crate::mapping::Mapping;
 use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE};
@@ -58,8 +58,8 @@ pub struct Handle {
     file: File,
     /// Byte position just after the last read (the kernel's `ra->prev_pos`).
     prev_pos: u64,
-    /// How this reader walks the index (the cache's policy unless changed).
-    read: ReadPolicy,
+    /// This reader's read-side policies (the cache's unless changed).
+    policy: Policy,
 }
 
 impl File {
@@ -80,7 +80,7 @@ impl File {
         Handle {
             file: self.clone(),
             prev_pos: 0,
-            read: self.inner.policy.read,
+            policy: self.inner.policy,
         }
     }
 
@@ -438,7 +438,7 @@ impl Handle {
     /// and folios that are not uptodate read as zeros. How the index is walked is the cache's
     /// [`ReadPolicy`] (see [`set_read_policy`](Self::set_read_policy)).
     pub fn read_at(&mut self, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
-        let n = read::read_at(&self.file.inner, self.read, buf, pos)?;
+        let n = read::read_at(&self.file.inner, &self.policy, buf, pos)?;
         if n > 0 {
             self.prev_pos = pos + n as u64;
         }
@@ -455,7 +455,13 @@ impl Handle {
     /// Chooses how this handle's reads walk the index (the cache's policy by default): one
     /// binary, and even one file, can measure seed 004's before and after side by side.
     pub fn set_read_policy(&mut self, read: ReadPolicy) {
-        self.read = read;
+        self.policy.read = read;
+    }
+
+    /// Chooses whether this handle's small reads take a reference (the cache's policy by
+    /// default).
+    pub fn set_small_read_policy(&mut self, small_read: SmallReadPolicy) {
+        self.policy.small_read = small_read;
     }
 
     /// The byte position just after the last successful read (0 before any).

@@ -32,7 +32,7 @@ pub mod mem;
 pub mod read;
 mod sync;
 
-pub use cache::{Cache, CacheBuilder, Policy, ReadPolicy, Stats};
+pub use cache::{Cache, CacheBuilder, Policy, ReadPolicy, SmallReadPolicy, Stats};
 pub use error::Error;
 pub use file::{File, Handle};
 pub use mapping::{FolioBatch, Mapping, MappingStats};

@@ -23,9 +23,11 @@
 use crate::cache::CacheInner;
 use crate::error::Error;
 use crate::index::{Entry, Index, IndexView, IndexWriter, MAX_VALUE, RangeStop};
-use crate::mem::{FolioRef, Memory, flag};
+use crate::mem::{FolioRef, Memory, PAGE_SHIFT, flag};
 use crate::sync::Ordering;
-use crate::sync::unmodelled::{AtomicU64 as StatU64, Counter, Ordering as StatOrdering};
+use crate::sync::unmodelled::{
+    AtomicU64 as StatU64, Counter, Ordering as StatOrdering, ShardedCounter,
+};
 use std::ops::RangeBounds;
 use std::sync::Arc;
 
@@ -92,6 +94,22 @@ impl<'m> FolioBatch<'m> {
     }
 }
 
+/// The largest read the optimistic path copies (through a buffer on the stack).
+pub const OPTIMISTIC_MAX: usize = 256;
+/// Optimistic attempts before falling back to the referenced path.
+const OPTIMISTIC_TRIES: usize = 3;
+
+/// The outcome of [`Mapping::read_optimistic`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Optimistic {
+    /// The bytes were copied and validated.
+    Data,
+    /// No folio with data there (a hole, a value entry, or a folio that reads as zeros).
+    Gap,
+    /// Could not validate (a concurrent change, or a folio not uptodate): take a reference.
+    Fallback,
+}
+
 /// Where a read batch ends besides a gap (a hole, or a folio whose entry says it reads as
 /// zeros), the batch size and the requested range.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,12 +167,17 @@ pub struct MappingStats {
     pub index_nodes: u64,
     /// Bytes of index metadata.
     pub index_bytes: u64,
+    /// Optimistic small reads that had to try again (a concurrent change was detected).
+    pub optimistic_retries: u64,
 }
 
 #[derive(Debug, Default)]
 struct Counters {
-    lookups: Counter,
-    index_walks: Counter,
+    // Bumped by readers: sharded, so readers on several cores share no written line.
+    lookups: ShardedCounter,
+    index_walks: ShardedCounter,
+    optimistic_retries: ShardedCounter,
+    // Bumped by writers, under the writer lock or close to it.
     lock_acquisitions: Counter,
     insertions: Counter,
     removals: Counter,
@@ -238,6 +261,51 @@ impl Mapping {
         };
         self.counters.index_walks.add(cursor.walks());
         found
+    }
+
+    /// Copies `dst.len()` bytes at byte `pos` (all within one page, at most
+    /// [`OPTIMISTIC_MAX`] bytes) without taking a reference: see [`crate::mem::optimistic`].
+    /// Tries a few times, then says [`Optimistic::Fallback`] so the caller takes the
+    /// referenced path.
+    pub(crate) fn read_optimistic(&self, pos: u64, dst: &mut [u8]) -> Optimistic {
+        debug_assert!(dst.len() <= OPTIMISTIC_MAX);
+        debug_assert_eq!(
+            pos >> PAGE_SHIFT,
+            (pos + dst.len().max(1) as u64 - 1) >> PAGE_SHIFT
+        );
+        self.counters.lookups.inc();
+        let page = pos >> PAGE_SHIFT;
+        let mut copy = [0u8; OPTIMISTIC_MAX];
+        let copy = &mut copy[..dst.len()];
+        // Taken before the lookup: a folio found from here on is not reused until it is dropped.
+        let _grace = self.mem().read_guard();
+        let mut cursor = self.index.cursor();
+        let mut outcome = Optimistic::Fallback;
+        for _ in 0..OPTIMISTIC_TRIES {
+            let entry = cursor.load(page);
+            let Some(Entry::Folio {
+                id, zeros: false, ..
+            }) = entry
+            else {
+                outcome = Optimistic::Gap;
+                break;
+            };
+            let Some(peek) = self.mem().peek_begin(id) else {
+                break;
+            };
+            let offset = (pos - (cursor.first() << PAGE_SHIFT)) as usize;
+            if self.mem().peek_copy(&peek, offset, copy)
+                && cursor.reload() == entry
+                && self.mem().peek_valid(&peek)
+            {
+                dst.copy_from_slice(copy);
+                outcome = Optimistic::Data;
+                break;
+            }
+            self.counters.optimistic_retries.inc();
+        }
+        self.counters.index_walks.add(cursor.walks());
+        outcome
     }
 
     /// Fills `batch` with up to `max` (at most [`BATCH_SIZE`]) referenced folios that are
@@ -352,6 +420,7 @@ impl Mapping {
             desc.mapping.store(0, Ordering::Release);
             return Err(Error::FolioLocked);
         }
+        desc.flags.fetch_or(flag::PUBLISHED, Ordering::Relaxed);
         desc.index.store(index, Ordering::Relaxed);
         desc.refcount.get();
         Ok(Entry::Folio {
@@ -365,6 +434,8 @@ impl Mapping {
     fn unprepare(&self, folio: &FolioRef<'_>) {
         let desc = folio.desc();
         desc.mapping.store(0, Ordering::Release);
+        // It never reached the index: no optimistic reader can know it.
+        desc.flags.fetch_and(!flag::PUBLISHED, Ordering::Relaxed);
         // Not the last reference: the caller still holds its own.
         let last = desc.refcount.put(self.mem().policy);
         debug_assert!(!last);
@@ -592,6 +663,7 @@ impl Mapping {
             cached_pages: self.cached_pages.load(StatOrdering::Relaxed),
             index_nodes: self.index.node_count() as u64,
             index_bytes: self.index.memory_bytes() as u64,
+            optimistic_retries: self.counters.optimistic_retries.get(),
         }
     }
 }

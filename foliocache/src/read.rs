@@ -6,6 +6,9 @@
 //! `fill` when the run ends, however many folios and holes it spans. A hole is measured in the
 //! same index walk that found it ([`FolioBatch::gap_end`]), skipping empty slots whole.
 //!
+//! A small read (at most [`SMALL_READ_MAX`] bytes in one page) first tries the optimistic path
+//! ([`SmallReadPolicy::Optimistic`]): no reference taken, nothing shared written.
+//!
 //! A read within one page skips the batch machinery: one speculative lookup, as the kernel's
 //! batch of one costs one load, one try-get and one reload.
 //!
@@ -17,12 +20,16 @@
 //! write lock: folios are immutable while uptodate (see [`crate::file`]), so a copy needs only
 //! the folio's reference.
 
-use crate::cache::ReadPolicy;
+use crate::cache::{Policy, ReadPolicy, SmallReadPolicy};
 use crate::error::Error;
 use crate::file::FileInner;
-use crate::mapping::{BatchEnd, FolioBatch, Mapping};
+use crate::mapping::{BatchEnd, FolioBatch, Mapping, OPTIMISTIC_MAX, Optimistic};
 use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE};
 use std::ops::Deref;
+
+/// Reads of at most this many bytes within one page may take the optimistic path
+/// ([`SmallReadPolicy::Optimistic`]).
+pub const SMALL_READ_MAX: usize = OPTIMISTIC_MAX;
 
 /// A shared buffer of zeros for holes in zero-copy reads and the per-folio loop's zero page.
 /// It sits in `.bss`, so reading it costs no memory (the kernel maps its zero page).
@@ -31,7 +38,7 @@ static ZEROS: [u8; 2 << 20] = [0; 2 << 20];
 /// Reads `buf.len()` bytes at `pos` (fewer at end of file).
 pub(crate) fn read_at(
     file: &FileInner,
-    policy: ReadPolicy,
+    policy: &Policy,
     buf: &mut [u8],
     pos: u64,
 ) -> Result<usize, Error> {
@@ -42,7 +49,21 @@ pub(crate) fn read_at(
     }
     let len = (size - pos).min(buf.len() as u64) as usize;
     let buf = &mut buf[..len];
-    match policy {
+    if policy.small_read == SmallReadPolicy::Optimistic
+        && len <= SMALL_READ_MAX
+        && pos >> PAGE_SHIFT == (pos + len as u64 - 1) >> PAGE_SHIFT
+    {
+        match mapping.read_optimistic(pos, buf) {
+            Optimistic::Data => return Ok(len),
+            // A memory file: a hole or a fallocated folio reads as zeros.
+            Optimistic::Gap => {
+                buf.fill(0);
+                return Ok(len);
+            }
+            Optimistic::Fallback => {}
+        }
+    }
+    match policy.read {
         ReadPolicy::Batched => read_batched(mapping, buf, pos),
         ReadPolicy::PerFolio => read_per_folio(mapping, buf, pos),
     }

@@ -11,10 +11,10 @@
 //! leaving them out keeps the models small enough to explore exhaustively.
 
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering, fence};
 
 /// Atomics that are never part of a lock-free protocol (see the module comment).
 pub(crate) mod unmodelled {
@@ -35,6 +35,48 @@ pub(crate) mod unmodelled {
             self.0.load(Ordering::Relaxed)
         }
     }
+
+    /// Shards of a per-thread statistics counter. A counter bumped on every read must not be
+    /// one shared cache line: with several threads reading one file it would bounce between
+    /// cores on every read, the very cost seed 002 removes from the refcount.
+    const SHARDS: usize = 16;
+
+    /// A statistics counter split in per-thread shards (summed when read).
+    #[derive(Debug, Default)]
+    pub(crate) struct ShardedCounter {
+        shards: [crossbeam_utils::CachePadded<AtomicU64>; SHARDS],
+    }
+
+    impl ShardedCounter {
+        pub(crate) fn add(&self, n: u64) {
+            let shard = &self.shards[super::thread_slot() % SHARDS];
+            // Only this thread (or one sharing its slot) writes the shard: a plain load and
+            // store would do, but an uncontended relaxed add is as cheap and stays exact.
+            shard.fetch_add(n, Ordering::Relaxed);
+        }
+        pub(crate) fn inc(&self) {
+            self.add(1);
+        }
+        pub(crate) fn get(&self) -> u64 {
+            self.shards.iter().map(|s| s.load(Ordering::Relaxed)).sum()
+        }
+    }
+}
+
+/// A small number identifying the current thread (assigned round robin on first use): the
+/// slot of per-thread allocator caches and counter shards.
+pub(crate) fn thread_slot() -> usize {
+    use std::cell::Cell;
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+    SLOT.with(|slot| {
+        if slot.get() == usize::MAX {
+            slot.set(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        }
+        slot.get()
+    })
 }
 
 /// A mutex whose `lock` never fails: a panic while holding it cannot leave the protected data

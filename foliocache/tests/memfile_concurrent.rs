@@ -54,7 +54,16 @@ fn run(max_order: u8, read: ReadPolicy, time: Duration) {
     file.write_at(&page_bytes(0, PAGES), 0).unwrap();
     let stop = AtomicBool::new(false);
     let checked = AtomicU64::new(0);
+    /// Stops the readers when dropped, even if the writer panics (else the scope would wait
+    /// for them forever).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|s| {
+        let _stop_readers = StopOnDrop(&stop);
         for seed in 1..=2u64 {
             let (file, stop, checked) = (&file, &stop, &checked);
             s.spawn(move || {

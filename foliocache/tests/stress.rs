@@ -242,6 +242,11 @@ fn run(policy: RefcountPolicy) {
     assert!(hits > 0 && write_ops > 0, "the stress did no work");
     drop(files);
     cache.drain_cpu_caches();
+    let stats = cache.stats();
+    assert_eq!(
+        stats.free_pages, CACHE_PAGES,
+        "{stats:?}: every folio was freed"
+    );
     assert_eq!(
         cache.stats().free_pages,
         CACHE_PAGES,

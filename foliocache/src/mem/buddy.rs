@@ -123,19 +123,9 @@ fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>, Error> {
     Ok(v)
 }
 
-/// The cache slot of the current thread, assigned round robin on first use.
+/// The cache slot of the current thread.
 fn cache_slot(slots: usize) -> usize {
-    use std::cell::Cell;
-    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    thread_local! {
-        static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
-    }
-    SLOT.with(|slot| {
-        if slot.get() == usize::MAX {
-            slot.set(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-        }
-        slot.get() % slots
-    })
+    crate::sync::thread_slot() % slots
 }
 
 impl Buddy {

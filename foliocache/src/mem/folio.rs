@@ -40,6 +40,9 @@ pub mod flag {
     pub const DIRTY: u32 = 1 << 7;
     /// Someone is parked waiting for LOCKED to clear (internal).
     pub(crate) const WAITERS: u32 = 1 << 8;
+    /// Has been in an index: optimistic readers may know it, so its memory is returned only
+    /// after a grace period (internal).
+    pub(crate) const PUBLISHED: u32 = 1 << 9;
 }
 
 /// One arena page's descriptor (32 bytes).
@@ -52,6 +55,9 @@ pub(crate) struct FolioDesc {
     pub(crate) mapping: AtomicU64,
     /// Page index of the folio's first page within its mapping.
     pub(crate) index: AtomicU64,
+    /// Bumped each time the folio is allocated (a new life): optimistic readers, who take no
+    /// reference, compare it before and after reading (see [`super::optimistic`]).
+    pub(crate) seq: AtomicU32,
 }
 
 impl FolioDesc {
@@ -62,6 +68,7 @@ impl FolioDesc {
             order: AtomicU8::new(0),
             mapping: AtomicU64::new(0),
             index: AtomicU64::new(0),
+            seq: AtomicU32::new(0),
         }
     }
 
@@ -247,9 +254,9 @@ impl<'m> FolioRef<'m> {
         self.desc().refcount.count(self.mem.policy)
     }
 
-    /// All flag bits.
+    /// All public flag bits (the [`flag`] constants; internal bookkeeping bits are masked).
     pub fn flags(&self) -> u32 {
-        self.desc().flags.load(Ordering::Acquire)
+        self.desc().flags.load(Ordering::Acquire) & !(flag::WAITERS | flag::PUBLISHED)
     }
 
     /// Whether every bit of `bits` is set.

@@ -15,6 +15,8 @@
 pub(crate) mod arena;
 pub(crate) mod buddy;
 pub(crate) mod folio;
+pub(crate) mod grace;
+pub(crate) mod optimistic;
 pub mod refcount;
 mod wait;
 
@@ -23,9 +25,12 @@ use arena::Arena;
 use buddy::Buddy;
 use folio::FolioDesc;
 pub use folio::{FolioRef, flag};
+use grace::Grace;
+pub(crate) use grace::ReadGuard;
 use refcount::RefcountPolicy;
 
-use crate::sync::Ordering;
+use crate::sync::{Ordering, fence};
+use std::time::Duration;
 
 /// Size of a page, the unit of the arena and of page indexes.
 pub const PAGE_SIZE: usize = 4096;
@@ -38,7 +43,8 @@ pub const MAX_ORDER: u8 = 9;
 #[derive(Debug)]
 pub(crate) struct Memory {
     arena: Arena,
-    buddy: Buddy,
+    /// The allocator, behind the grace-period keeper that defers returns of published folios.
+    grace: Grace,
     table: Box<[FolioDesc]>,
     pub(crate) policy: RefcountPolicy,
     pub(crate) max_order: u8,
@@ -61,7 +67,7 @@ impl Memory {
             })?;
         table.extend((0..pages).map(|_| FolioDesc::new(policy)));
         Ok(Self {
-            buddy: Buddy::new(pages, max_order)?,
+            grace: Grace::new(std::sync::Arc::new(Buddy::new(pages, max_order)?)),
             table: table.into_boxed_slice(),
             arena,
             policy,
@@ -93,8 +99,26 @@ impl Memory {
                 max: self.max_order,
             });
         }
-        let pfn = self.buddy.alloc(order).ok_or(Error::NoMemory { order })?;
+        let pfn = match self.grace.buddy().alloc(order) {
+            Some(pfn) => pfn,
+            // Memory may be waiting for optimistic readers to finish with it (a grace period):
+            // wait for them a little. The caller holds no epoch pin (allocation never happens
+            // inside a lookup), so its own pin cannot be what holds the epoch back.
+            None if self.grace.pending_pages() > 0
+                && self.grace.reclaim_deferred(Duration::from_millis(20)) =>
+            {
+                self.grace
+                    .buddy()
+                    .alloc(order)
+                    .ok_or(Error::NoMemory { order })?
+            }
+            None => return Err(Error::NoMemory { order }),
+        };
         let desc = self.desc(pfn);
+        // A new life begins: optimistic readers still looking at the old one must see the
+        // bump before any byte the new owner writes (the fence orders the bump before them).
+        desc.seq.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
         desc.order.store(order, Ordering::Relaxed);
         desc.flags.store(0, Ordering::Relaxed);
         desc.mapping.store(0, Ordering::Relaxed);
@@ -130,23 +154,40 @@ impl Memory {
         debug_assert!(desc.refcount.is_frozen(self.policy));
         let order = desc.order.load(Ordering::Relaxed);
         desc.mapping.store(0, Ordering::Relaxed);
-        desc.flags.store(0, Ordering::Relaxed);
-        self.buddy.free(pfn, order);
+        let flags = desc.flags.swap(0, Ordering::Relaxed);
+        if flags & flag::PUBLISHED == 0 {
+            // Never in an index: no optimistic reader can know it.
+            self.grace.buddy().free(pfn, order);
+        } else {
+            self.grace.free_after_grace(pfn, order);
+        }
     }
 
     pub(crate) fn free_pages(&self) -> usize {
-        self.buddy.free_pages()
+        self.grace.buddy().free_pages()
     }
 
     pub(crate) fn zone_lock_count(&self) -> u64 {
-        self.buddy.zone_lock_count()
+        self.grace.buddy().zone_lock_count()
     }
 
+    /// Completes pending grace periods (as far as readers allow) and returns the pages idling
+    /// in per-thread caches to the shared free lists.
     pub(crate) fn drain_caches(&self) {
-        self.buddy.drain_caches();
+        self.grace.reclaim_deferred(Duration::from_secs(1));
+        self.grace.buddy().drain_caches();
+    }
+
+    pub(crate) fn pending_free_pages(&self) -> usize {
+        self.grace.pending_pages()
+    }
+
+    /// See [`grace::Grace::read_guard`].
+    pub(crate) fn read_guard(&self) -> ReadGuard<'_> {
+        self.grace.read_guard()
     }
 
     pub(crate) fn free_blocks_by_order(&self) -> Vec<usize> {
-        self.buddy.free_blocks_by_order()
+        self.grace.buddy().free_blocks_by_order()
     }
 }

@@ -1,0 +1,65 @@
+//! loom models of the optimistic small read (no reference taken) against removal with reuse
+//! and against truncation with reuse, on real memory files.
+//!
+//! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom_optimistic`
+//!
+//! File A's page 0 holds 0xAA; the writer frees that page (punch or truncate) and at once
+//! writes file B, whose new folio is very likely the very page A gave back, filled with 0xBB.
+//! Whatever the interleaving, a reader of A must get A's bytes, zeros (the hole) or a short
+//! read (past end of file): never B's bytes, never a mix.
+#![cfg(loom)]
+
+use foliocache::{Cache, Policy, SmallReadPolicy};
+use loom::sync::Arc;
+use loom::thread;
+
+fn setup() -> (Cache, Arc<foliocache::File>, Arc<foliocache::File>) {
+    let cache = Cache::builder()
+        .capacity(4 * 4096)
+        .max_order(0)
+        .policy(Policy {
+            small_read: SmallReadPolicy::Optimistic,
+            ..Policy::default()
+        })
+        .build()
+        .unwrap();
+    let a = cache.create_memory_file(0).unwrap();
+    let b = cache.create_memory_file(0).unwrap();
+    a.write_at(&[0xAA; 4096], 0).unwrap();
+    (cache, Arc::new(a), Arc::new(b))
+}
+
+fn reader(a: Arc<foliocache::File>) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        let mut handle = a.handle();
+        let mut buf = [0x11u8; 64];
+        let n = handle.read_at(&mut buf, 100).unwrap();
+        let got = &buf[..n];
+        assert!(
+            got.iter().all(|&b| b == 0xAA) || got.iter().all(|&b| b == 0),
+            "read {got:x?}"
+        );
+    })
+}
+
+#[test]
+fn optimistic_read_vs_punch_and_reuse() {
+    loom::model(|| {
+        let (_cache, a, b) = setup();
+        let r = reader(a.clone());
+        a.punch_hole(0, 4096).unwrap();
+        b.write_at(&[0xBB; 4096], 0).unwrap();
+        r.join().unwrap();
+    });
+}
+
+#[test]
+fn optimistic_read_vs_truncate_and_reuse() {
+    loom::model(|| {
+        let (_cache, a, b) = setup();
+        let r = reader(a.clone());
+        a.set_len(0).unwrap();
+        b.write_at(&[0xBB; 4096], 0).unwrap();
+        r.join().unwrap();
+    });
+}
