@@ -1,5 +1,6 @@
 //! Micro-benchmarks of the core: lookup hit, the refcount protocol (FrozenBit vs Cas, one and
-//! two threads on one folio), and insertion one by one vs a run under one lock hold.
+//! two threads on one folio), insertion one by one vs a run under one lock hold, and a 64-byte
+//! read optimistic (no reference) vs referenced.
 //!
 //! `cargo bench -p foliocache --bench core` (add `-- --quick` for a shorter run).
 
@@ -139,5 +140,25 @@ fn insert(file: &foliocache::Mapping, folios: &[FolioRef<'_>], ranged: bool) {
     }
 }
 
-criterion_group!(benches, lookup_hit, refcount, insertion);
+/// A 64-byte read of a cached page: optimistic (no reference) vs referenced (try_get + put).
+fn small_read(c: &mut Criterion) {
+    let cache = Cache::builder().capacity(4 << 20).build().unwrap();
+    let file = cache.create_memory_file(0).unwrap();
+    file.write_at(&[7u8; 4096], 0).unwrap();
+    let mut group = c.benchmark_group("read_64B");
+    for (name, policy) in [
+        ("optimistic", foliocache::SmallReadPolicy::Optimistic),
+        ("referenced", foliocache::SmallReadPolicy::Refcounted),
+    ] {
+        let mut handle = file.handle();
+        handle.set_small_read_policy(policy);
+        let mut buf = [0u8; 64];
+        group.bench_function(name, |b| {
+            b.iter(|| black_box(handle.read_at(&mut buf, black_box(128)).unwrap()));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, lookup_hit, refcount, insertion, small_read);
 criterion_main!(benches);

@@ -1,5 +1,6 @@
 //! A read loop for profiling (e.g. under `valgrind --tool=callgrind`):
 //! `cargo run --release --example read_loop -- <batched|per-folio> <normal|fallocated|hole> <block bytes> <max order> <reads>`
+//! (`READ_LOOP_SMALL=refcounted` makes small reads take a reference.)
 
 use foliocache::{Cache, ReadPolicy};
 use std::hint::black_box;
@@ -65,6 +66,9 @@ fn main() {
     }
     let mut handle = file.handle();
     handle.set_read_policy(policy);
+    if std::env::var("READ_LOOP_SMALL").is_ok_and(|v| v == "refcounted") {
+        handle.set_small_read_policy(foliocache::SmallReadPolicy::Refcounted);
+    }
     // READ_LOOP_DST_OFFSET: the destination's offset from a page boundary (default 0).
     let offset: usize = std::env::var("READ_LOOP_DST_OFFSET")
         .ok()

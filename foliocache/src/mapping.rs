@@ -275,10 +275,8 @@ impl Mapping {
         );
         self.counters.lookups.inc();
         let page = pos >> PAGE_SHIFT;
-        let mut copy = [0u8; OPTIMISTIC_MAX];
-        let copy = &mut copy[..dst.len()];
         // Taken before the lookup: a folio found from here on is not reused until it is dropped.
-        let _grace = self.mem().read_guard();
+        let grace = self.mem().read_guard();
         let mut cursor = self.index.cursor();
         let mut outcome = Optimistic::Fallback;
         for _ in 0..OPTIMISTIC_TRIES {
@@ -294,11 +292,12 @@ impl Mapping {
                 break;
             };
             let offset = (pos - (cursor.first() << PAGE_SHIFT)) as usize;
-            if self.mem().peek_copy(&peek, offset, copy)
+            // The copy goes straight into `dst`: if validation fails we copy again or fall back,
+            // and either overwrites it; the caller only sees it after `Data`.
+            if self.mem().peek_copy(&grace, &peek, offset, dst)
                 && cursor.reload() == entry
                 && self.mem().peek_valid(&peek)
             {
-                dst.copy_from_slice(copy);
                 outcome = Optimistic::Data;
                 break;
             }

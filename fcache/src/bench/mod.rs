@@ -5,6 +5,7 @@
 mod core;
 pub(crate) mod report;
 mod seqread;
+mod smallread;
 
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
@@ -19,6 +20,9 @@ pub(crate) enum Suite {
     /// 4k / 64k / 1M, large folios off / on; batched vs per-folio vs the kernel's tmpfs, with
     /// memcpy and memset ceilings.
     Seqread,
+    /// Seed 002's will-it-scale: N threads reading 64 bytes of one shared page; optimistic,
+    /// frozen-bit and cas reads vs the kernel's pread, with a share-nothing ceiling.
+    Smallread,
 }
 
 #[derive(Debug, Args)]
@@ -65,6 +69,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
         let report = match suite {
             Suite::Core => core::run(args)?,
             Suite::Seqread => seqread::run(args)?,
+            Suite::Smallread => smallread::run(args)?,
         };
         let json_path = match (&args.json, suites.len()) {
             (Some(path), 1) => path.clone(),

@@ -5,27 +5,26 @@
 //! writes. With several threads reading one page (seed 002's benchmark) that line bounces
 //! between cores on every read. An optimistic read writes nothing shared:
 //!
-//! 1. find the folio in the index (under the reader's epoch pin);
+//! 1. take a [`ReadGuard`](super::ReadGuard) (an epoch pin), then find the folio in the index;
 //! 2. [`Memory::peek_begin`]: read the descriptor's `seq` (acquire), and give up if the folio is
 //!    free or frozen or not uptodate;
-//! 3. [`Memory::peek_copy`]: copy the bytes into a private buffer with volatile word loads;
-//! 4. [`Memory::peek_valid`]: acquire fence, then `seq` must be unchanged and the folio still not
-//!    frozen; and the caller re-reads the index slot, which must still hold the folio.
+//! 3. [`Memory::peek_copy`]: copy the bytes;
+//! 4. [`Memory::peek_valid`]: `seq` unchanged and the folio not frozen; and the caller re-reads
+//!    the index slot, which must still hold the folio.
 //!
-//! Only then are the bytes handed out. Why that is enough: bytes of a folio change only in a
-//! new life (uptodate folios are immutable, see `crate::file`), and a new life begins in
-//! `Memory::alloc_folio` with `seq` bumped and a release fence *before* the new owner writes a
-//! byte. If the copy saw any byte of a new life, the acquire fence after it makes the bumped
-//! `seq` visible to step 4, and the read is retried. If `seq` is unchanged, no new life began
-//! while we copied, so the bytes are the life we found in the index; the slot re-check proves
-//! that life was still this page of this file at that moment (a truncated folio leaves the
-//! slot). This is the seqlock pattern of vmcache's optimistic versioned reads and of Linux's
-//! seqcounts.
+//! Why the copy is sound: the memory of a folio that was ever in an index is handed out again
+//! only after a grace period ([`super::grace`]): every guard taken before its free is gone. A
+//! folio found in the index after taking the guard therefore cannot be reused (rewritten)
+//! before the guard is dropped; and while it is uptodate nobody writes it (changes make a new
+//! folio, see `crate::file`). Checking UPTODATE with acquire ordering before copying makes the
+//! fill visible. So the copy races with no writer.
 //!
-//! The copy races, by design, with the rare writer of a reused folio; its result is then
-//! discarded. Rust has no atomic memcpy yet (RFC 3301), so, like crossbeam's `AtomicCell`
-//! seqlock and Linux's `data_race()` reads, the copy uses volatile loads, which the compiler
-//! may neither elide nor duplicate, and never lets an unvalidated byte escape.
+//! Why the result is right: the slot re-check proves the folio was still this page of this
+//! file when the copy ended (a truncated or replaced folio leaves the slot), so the bytes were
+//! the page's bytes at some instant of the read. `seq` (bumped at every allocation) and the
+//! frozen check are belt and braces: they would catch a reuse even if some future path freed a
+//! published folio without a grace period. The loom models in `tests/loom_optimistic.rs` check
+//! the whole protocol, and fail when grace periods are taken away.
 
 use super::{Memory, PAGE_SIZE};
 use crate::sync::{Ordering, fence};
@@ -55,33 +54,32 @@ impl Memory {
         Some(Peek { pfn, seq, len })
     }
 
-    /// Copies `dst.len()` bytes at byte `offset` of the folio into `dst`. The bytes may be
-    /// garbage until [`peek_valid`](Self::peek_valid) says otherwise. Returns false (copying
-    /// nothing) if the range is not inside the folio.
-    pub(crate) fn peek_copy(&self, peek: &Peek, offset: usize, dst: &mut [u8]) -> bool {
+    /// Copies `dst.len()` bytes at byte `offset` of the folio into `dst`. Returns false
+    /// (copying nothing) if the range is not inside the folio.
+    ///
+    /// `_guard` must have been taken before the lookup that found the folio (see the module
+    /// documentation: it is what keeps the folio's memory from being reused under the copy).
+    pub(crate) fn peek_copy(
+        &self,
+        _guard: &super::ReadGuard<'_>,
+        peek: &Peek,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> bool {
         let arena_end = self.pages() * PAGE_SIZE;
         let start = peek.pfn as usize * PAGE_SIZE + offset;
         match offset.checked_add(dst.len()) {
             Some(end) if end <= peek.len && start + dst.len() <= arena_end => {}
             _ => return false,
         }
-        let src = self.page_ptr(peek.pfn).wrapping_add(offset);
-        let mut words = dst.chunks_exact_mut(8);
-        let mut at = 0;
-        for word in &mut words {
-            // SAFETY: `src + at .. + 8` lies inside the arena (checked above), which stays
-            // mapped while `self` lives; the load may race with a writer of a reused folio,
-            // and its value is then discarded by `peek_valid` (see the module documentation).
-            // Unaligned: the caller's offset is arbitrary.
-            let value = unsafe { src.add(at).cast::<u64>().read_volatile_unaligned() };
-            word.copy_from_slice(&value.to_ne_bytes());
-            at += 8;
-        }
-        for byte in words.into_remainder() {
-            // SAFETY: as above, for one byte inside the checked range.
-            *byte = unsafe { src.add(at).read_volatile() };
-            at += 1;
-        }
+        // SAFETY: the range lies inside the arena (checked above), which stays mapped while
+        // `self` lives. No thread writes it during the copy: the folio was found in an index
+        // after `_guard` was taken, so its memory is not handed out again before the guard is
+        // dropped, and it was uptodate at `peek_begin` (acquire), so it is not being filled;
+        // uptodate folios are never written (module documentation).
+        let src =
+            unsafe { std::slice::from_raw_parts(self.page_ptr(peek.pfn).add(offset), dst.len()) };
+        dst.copy_from_slice(src);
         true
     }
 
@@ -91,29 +89,5 @@ impl Memory {
         fence(Ordering::Acquire);
         let desc = self.desc(peek.pfn);
         desc.seq.load(Ordering::Relaxed) == peek.seq && !desc.refcount.is_frozen(self.policy)
-    }
-}
-
-/// `read_volatile` for a possibly unaligned `u64`.
-trait ReadVolatileUnaligned {
-    /// # Safety
-    /// As `ptr::read_volatile`, minus the alignment requirement.
-    unsafe fn read_volatile_unaligned(self) -> u64;
-}
-
-impl ReadVolatileUnaligned for *const u64 {
-    unsafe fn read_volatile_unaligned(self) -> u64 {
-        if self.is_aligned() {
-            // SAFETY: aligned and, per the caller's contract, valid for reads.
-            unsafe { self.read_volatile() }
-        } else {
-            let mut bytes = [0u8; 8];
-            let src = self.cast::<u8>();
-            for (k, byte) in bytes.iter_mut().enumerate() {
-                // SAFETY: byte `k` of the 8 the caller vouches for.
-                *byte = unsafe { src.add(k).read_volatile() };
-            }
-            u64::from_ne_bytes(bytes)
-        }
     }
 }

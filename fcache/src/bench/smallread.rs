@@ -1,0 +1,330 @@
+//! `fcache bench smallread`: seed 002's will-it-scale benchmark, on this machine.
+//!
+//! N threads (pinned to CPUs round robin), each with its own handle on one shared file, loop
+//! `read_at(64 bytes, offset 0)` for a fixed time: every read hits the same folio, so the cost
+//! of taking a reference on it (its count's cache line moving between cores) is what is
+//! measured. Systems, interleaved in every repetition:
+//! * `foliocache/optimistic`: the read takes no reference (`SmallReadPolicy::Optimistic`);
+//! * `foliocache/frozen-bit`: a referenced read, `try_get` one `fetch_add` (seed 002, after);
+//! * `foliocache/cas`: a referenced read, `try_get` a CAS loop (seed 002, before);
+//! * `kernel`: `pread` of 64 bytes at offset 0 of one tmpfs file (`/dev/shm`);
+//! * `ceiling`: each thread increments a private counter: what N threads can do here when they
+//!   share nothing.
+
+use super::BenchArgs;
+use super::report::{Figure, Plot, Report, fmt, interleaved};
+use foliocache::{Cache, File, Policy, RefcountPolicy, SmallReadPolicy};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::os::unix::fs::FileExt;
+use std::sync::Barrier;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const SYSTEMS: [&str; 5] = [
+    "foliocache/optimistic",
+    "foliocache/frozen-bit",
+    "foliocache/cas",
+    "kernel",
+    "ceiling",
+];
+
+/// Pins the calling thread to `cpu` (best effort: not every machine allows it).
+fn pin_to(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only
+    // read and write that local set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// Runs `work` on `threads` pinned threads for `time`; returns total operations per second.
+/// `work(stop)` loops until `stop` and returns how many operations it did.
+fn run_threads(
+    threads: usize,
+    time: Duration,
+    work: &(dyn Fn(&AtomicBool) -> u64 + Sync),
+) -> (f64, bool) {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let stop = AtomicBool::new(false);
+    let start_line = Barrier::new(threads + 1);
+    let pinned = AtomicU64::new(0);
+    let (ops, elapsed) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (stop, start_line, pinned) = (&stop, &start_line, &pinned);
+                s.spawn(move || {
+                    if pin_to(t % cpus) {
+                        pinned.fetch_add(1, Ordering::Relaxed);
+                    }
+                    start_line.wait();
+                    work(stop)
+                })
+            })
+            .collect();
+        start_line.wait();
+        let start = Instant::now();
+        std::thread::sleep(time);
+        stop.store(true, Ordering::Relaxed);
+        let ops: u64 = workers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
+        (ops, start.elapsed())
+    });
+    (
+        ops as f64 / elapsed.as_secs_f64(),
+        pinned.load(Ordering::Relaxed) == threads as u64,
+    )
+}
+
+fn read_loop(file: &File, small_read: SmallReadPolicy, stop: &AtomicBool) -> u64 {
+    let mut handle = file.handle();
+    handle.set_small_read_policy(small_read);
+    let mut buf = [0u8; 64];
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..64 {
+            let got = handle.read_at(&mut buf, 0).unwrap_or(0);
+            black_box((got, &buf));
+        }
+        n += 64;
+    }
+    n
+}
+
+fn memory_file(refcount: RefcountPolicy) -> Result<(Cache, File), String> {
+    let cache = Cache::builder()
+        .capacity(4 << 20)
+        .prefault(true)
+        .policy(Policy {
+            refcount,
+            ..Policy::default()
+        })
+        .build()
+        .map_err(|e| e.to_string())?;
+    let file = cache.create_memory_file(0).map_err(|e| e.to_string())?;
+    file.write_at(&[0x5A; 4096], 0).map_err(|e| e.to_string())?;
+    Ok((cache, file))
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
+    let time = if args.full {
+        Duration::from_millis(1000)
+    } else {
+        Duration::from_millis(200)
+    };
+    let reps = args.reps();
+    let threads: Vec<usize> = args.threads.clone().map_or_else(
+        || vec![1, 2, 4],
+        |t| t.into_iter().map(|n| n as usize).collect(),
+    );
+    let mut report = Report::new(
+        "smallread",
+        json!({
+            "read_bytes": 64,
+            "seconds_per_measurement": time.as_secs_f64(),
+            "reps": reps,
+            "threads": threads,
+        }),
+    );
+    let bar = ProgressBar::new((threads.len() * SYSTEMS.len() * (reps + 1)) as u64).with_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.set_prefix("smallread");
+
+    let (_frozen_cache, frozen) = memory_file(RefcountPolicy::FrozenBit)?;
+    let (_cas_cache, cas) = memory_file(RefcountPolicy::Cas)?;
+    let kernel_path = std::path::PathBuf::from("/dev/shm")
+        .join(format!("fcache-smallread-{}", std::process::id()));
+    let kernel = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&kernel_path)
+        .map_err(|e| format!("cannot create {}: {e}", kernel_path.display()))?;
+    kernel
+        .write_all_at(&[0x5A; 4096], 0)
+        .map_err(|e| e.to_string())?;
+    let mut all_pinned = true;
+    let mut retries = Vec::new();
+
+    for &n in &threads {
+        bar.set_message(format!("{n} thread(s)"));
+        let before = frozen.mapping().stats().optimistic_retries;
+        let (samples, busy) = interleaved(reps, SYSTEMS.len(), &bar, |which| {
+            let work = |stop: &AtomicBool| -> u64 {
+                match which {
+                    0 => read_loop(&frozen, SmallReadPolicy::Optimistic, stop),
+                    1 => read_loop(&frozen, SmallReadPolicy::Refcounted, stop),
+                    2 => read_loop(&cas, SmallReadPolicy::Refcounted, stop),
+                    3 => {
+                        let mut buf = [0u8; 64];
+                        let mut ops = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            for _ in 0..16 {
+                                black_box(kernel.read_at(&mut buf, 0).unwrap_or(0));
+                            }
+                            ops += 16;
+                        }
+                        ops
+                    }
+                    _ => {
+                        // Share nothing: a counter on this thread's own cache line.
+                        let private = crossbeam_utils::CachePadded::new(AtomicU64::new(0));
+                        while !stop.load(Ordering::Relaxed) {
+                            for _ in 0..256 {
+                                private.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        private.load(Ordering::Relaxed)
+                    }
+                }
+            };
+            let (ops, pinned) = run_threads(n, time, &work);
+            all_pinned &= pinned;
+            Ok(ops)
+        })?;
+        retries.push(json!({"threads": n, "optimistic_retries": frozen.mapping().stats().optimistic_retries - before}));
+        let case = format!("threads={n}");
+        for (k, system) in SYSTEMS.iter().enumerate() {
+            report
+                .results
+                .push(Figure::new(&case, system, "ops/s", &samples[k], busy));
+            let per_thread: Vec<f64> = samples[k].iter().map(|v| v / n as f64).collect();
+            report.results.push(Figure::new(
+                &case,
+                system,
+                "ops/s/thread",
+                &per_thread,
+                busy,
+            ));
+        }
+        report.ratio(&case, "ops/s", SYSTEMS[1], SYSTEMS[2]);
+        report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[1]);
+        report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[3]);
+    }
+    bar.finish_and_clear();
+    let _ = std::fs::remove_file(&kernel_path);
+    report.counters = json!({
+        "threads_pinned": all_pinned,
+        "optimistic_retries": retries,
+        "frozen_bit_file": frozen.mapping().stats().lookups,
+    });
+    report.notes.push(seed_table(&report, &threads));
+    report.notes.push(bars(&report, &threads));
+    if !all_pinned {
+        report
+            .notes
+            .push("Threads could not all be pinned to CPUs on this machine.".into());
+    }
+    report.plots.push(Plot {
+        file: "smallread.svg".into(),
+        title: "64-byte reads of one shared page: total ops/s by threads".into(),
+        unit: "million reads/s (all threads)".into(),
+        groups: threads
+            .iter()
+            .map(|n| {
+                let case = format!("threads={n}");
+                let bars = SYSTEMS[..4]
+                    .iter()
+                    .filter_map(|s| {
+                        report
+                            .figure(&case, s, "ops/s")
+                            .map(|f| ((*s).to_string(), f.median / 1e6))
+                    })
+                    .collect();
+                (format!("{n} thread(s)"), bars)
+            })
+            .collect(),
+    });
+    Ok(report)
+}
+
+fn median(report: &Report, threads: usize, system: &str) -> Option<f64> {
+    report
+        .figure(&format!("threads={threads}"), system, "ops/s")
+        .map(|f| f.median)
+}
+
+/// Seed 002's table (#threads, before, after, boost %), plus the optimistic read, the kernel
+/// and the ceiling, in millions of reads per second.
+fn seed_table(report: &Report, threads: &[usize]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| #threads | cas (before) | frozen-bit (after) | boost | optimistic | kernel pread | ceiling |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|");
+    for &n in threads {
+        let m = |s: &str| median(report, n, s).unwrap_or(f64::NAN);
+        let (cas, frozen) = (m(SYSTEMS[2]), m(SYSTEMS[1]));
+        let _ = writeln!(
+            out,
+            "| {n} | {} M/s | {} M/s | {:+.1}% | {} M/s | {} M/s | {} M/s |",
+            fmt(cas / 1e6),
+            fmt(frozen / 1e6),
+            (frozen / cas - 1.0) * 100.0,
+            fmt(m(SYSTEMS[0]) / 1e6),
+            fmt(m(SYSTEMS[3]) / 1e6),
+            fmt(m(SYSTEMS[4]) / 1e6),
+        );
+    }
+    out
+}
+
+/// The issue's bars, checked against this run's medians.
+fn bars(report: &Report, threads: &[usize]) -> String {
+    let mut lines = Vec::new();
+    let mark = |ok: bool| if ok { "✓" } else { "✗" };
+    if let (Some(best), Some(kernel)) =
+        (median(report, 1, SYSTEMS[0]), median(report, 1, SYSTEMS[3]))
+    {
+        lines.push(format!(
+            "- {} 1 thread: foliocache ≥ 10× kernel pread: {:.1}×",
+            mark(best >= 10.0 * kernel),
+            best / kernel
+        ));
+    }
+    if threads.contains(&2) {
+        if let (Some(frozen), Some(cas)) =
+            (median(report, 2, SYSTEMS[1]), median(report, 2, SYSTEMS[2]))
+        {
+            lines.push(format!(
+                "- {} 2 threads: frozen-bit ≥ cas: {:.2}×",
+                mark(frozen >= cas),
+                frozen / cas
+            ));
+        }
+        if let (Some(opt), Some(frozen)) =
+            (median(report, 2, SYSTEMS[0]), median(report, 2, SYSTEMS[1]))
+        {
+            lines.push(format!(
+                "- {} 2 threads: optimistic ≥ 1.5× frozen-bit: {:.2}×",
+                mark(opt >= 1.5 * frozen),
+                opt / frozen
+            ));
+        }
+        if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (
+            median(report, 1, SYSTEMS[0]),
+            median(report, 2, SYSTEMS[0]),
+            median(report, 1, SYSTEMS[4]),
+            median(report, 2, SYSTEMS[4]),
+        ) {
+            let (scale, ceiling) = (o2 / o1, c2 / c1);
+            lines.push(format!(
+                "- {} scaling: optimistic 2/1 threads {scale:.2}× ≥ 90% of the ceiling's {ceiling:.2}×: {:.0}%",
+                mark(scale >= 0.9 * ceiling),
+                scale / ceiling * 100.0
+            ));
+        }
+    }
+    format!(
+        "Bars (issue #5), from this run's medians:\n\n{}",
+        lines.join("\n")
+    )
+}
