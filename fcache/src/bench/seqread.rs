@@ -268,10 +268,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 let case = format!("{}/{bs_name}/{setting}", kind.name());
                 bar.set_message(case.clone());
                 let buf = &mut buffer[..bs];
-                let mut pos = [0u64; 3];
+                // Every measurement starts at offset 0, so all systems read the same regions of
+                // their files (this VM's memory is not uniformly fast).
                 let systems = if kernel.is_some() { 3 } else { 2 };
                 let mut walks = [(0u64, 0u64); 2];
                 let (samples, busy) = interleaved(reps, systems, &bar, |which| {
+                    let mut pos = [0u64; 3];
                     let before = file.mapping().stats().index_walks;
                     let (gibs, reads) = match which {
                         0 => timed_reads(buf, sizes.file, &mut pos[0], sizes.time, |b, p| {
