@@ -94,6 +94,9 @@ pub enum Error {
         /// The mapping holding it.
         mapping: u64,
     },
+    /// An uptodate folio cannot be inserted as one that reads as zeros.
+    #[error("the folio is uptodate: it cannot be inserted as a folio that reads as zeros")]
+    FolioUptodate,
     /// The folio is locked by another holder and cannot be inserted.
     #[error("the folio is locked by another holder")]
     FolioLocked,

@@ -447,20 +447,7 @@ impl Mapping {
     /// and the cache holds its own reference besides the caller's. Returns the shadow value the
     /// folio replaced, if any.
     pub fn add_folio(&self, folio: &FolioRef<'_>, index: u64) -> Result<Option<u64>, Error> {
-        let entry = self.prepare(folio, index, Zeros::No)?;
-        let result = self.lock().insert(index, entry);
-        match result {
-            Ok(shadow) => {
-                self.counters.insertions.inc();
-                self.cached_pages
-                    .fetch_add(folio.nr_pages() as u64, StatOrdering::Relaxed);
-                Ok(shadow)
-            }
-            Err(error) => {
-                self.unprepare(folio);
-                Err(error)
-            }
-        }
+        self.insert_one(folio, index, Zeros::No)
     }
 
     /// Inserts a private folio that reads as zeros for as long as it is in the index (a memory
@@ -469,16 +456,27 @@ impl Mapping {
     /// inserted unlocked. Returns the shadow value it replaced, if any.
     pub fn add_zeroed_folio(&self, folio: &FolioRef<'_>, index: u64) -> Result<Option<u64>, Error> {
         if folio.is_uptodate() {
-            return Err(Error::FolioInUse { mapping: 0 });
+            return Err(Error::FolioUptodate);
         }
-        let entry = self.prepare(folio, index, Zeros::Yes)?;
+        let shadow = self.insert_one(folio, index, Zeros::Yes)?;
+        folio.unlock();
+        Ok(shadow)
+    }
+
+    /// Inserts one prepared folio under one hold of the writer lock (it stays LOCKED).
+    fn insert_one(
+        &self,
+        folio: &FolioRef<'_>,
+        index: u64,
+        zeros: Zeros,
+    ) -> Result<Option<u64>, Error> {
+        let entry = self.prepare(folio, index, zeros)?;
         let result = self.lock().insert(index, entry);
         match result {
             Ok(shadow) => {
                 self.counters.insertions.inc();
                 self.cached_pages
                     .fetch_add(folio.nr_pages() as u64, StatOrdering::Relaxed);
-                folio.unlock();
                 Ok(shadow)
             }
             Err(error) => {

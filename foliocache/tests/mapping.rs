@@ -264,6 +264,18 @@ fn bad_input_is_an_error() {
         file.add_folio(&other, 9),
         Err(Error::Exists { index: 8 })
     ));
+    let filled = cache.alloc_folio(0).unwrap();
+    filled.lock();
+    filled.end_read(true);
+    assert!(matches!(file.add_zeroed_folio(&filled, 40), Err(Error::FolioUptodate)));
+    assert_eq!(filled.mapping_id(), 0, "nothing changed");
+    let zeroed = cache.alloc_folio(0).unwrap();
+    file.add_zeroed_folio(&zeroed, 40).unwrap();
+    assert!(!zeroed.test(flag::LOCKED), "inserted unlocked");
+    assert!(matches!(
+        file.index().load(40),
+        Some(foliocache::index::Entry::Folio { zeros: true, .. })
+    ));
     let foreign = caches[1].alloc_folio(0).unwrap();
     assert!(matches!(
         file.add_folio(&foreign, 0),
