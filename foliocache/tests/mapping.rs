@@ -267,7 +267,10 @@ fn bad_input_is_an_error() {
     let filled = cache.alloc_folio(0).unwrap();
     filled.lock();
     filled.end_read(true);
-    assert!(matches!(file.add_zeroed_folio(&filled, 40), Err(Error::FolioUptodate)));
+    assert!(matches!(
+        file.add_zeroed_folio(&filled, 40),
+        Err(Error::FolioUptodate)
+    ));
     assert_eq!(filled.mapping_id(), 0, "nothing changed");
     let zeroed = cache.alloc_folio(0).unwrap();
     file.add_zeroed_folio(&zeroed, 40).unwrap();
