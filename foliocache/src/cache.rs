@@ -199,8 +199,9 @@ impl Cache {
         Ok(File::new_memory(self, self.new_mapping(), max_order))
     }
 
-    /// Allocates a private folio of `2^order` pages. Never blocks: when no block of that order
-    /// is free it fails with [`Error::NoMemory`] and the caller falls back.
+    /// Allocates a private folio of `2^order` pages. When no block of that order is free it
+    /// fails with [`Error::NoMemory`] and the caller falls back; it waits (at most 20 ms) only
+    /// when freed memory is still waiting for a grace period (see `Stats::pending_free_pages`).
     pub fn alloc_folio(&self, order: u8) -> Result<FolioRef<'_>, Error> {
         self.inner.mem.alloc_folio(order)
     }

@@ -94,6 +94,10 @@ pub enum Error {
         /// The mapping holding it.
         mapping: u64,
     },
+    /// A folio that was in a mapping (and was truncated or replaced since) cannot be inserted
+    /// again: allocate a new one.
+    #[error("the folio was cached before; insert a newly allocated folio instead")]
+    FolioWasCached,
     /// An uptodate folio cannot be inserted as one that reads as zeros.
     #[error("the folio is uptodate: it cannot be inserted as a folio that reads as zeros")]
     FolioUptodate,

@@ -27,7 +27,7 @@
 
 use crate::cache::{Cache, Policy, ReadPolicy, SmallReadPolicy};
 use crate::error::Error;
-use crate::mapping::Mapping;
+use crate::mapping::{Mapping, MappingView};
 use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE};
 use crate::read::{self, ReadRun};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -94,9 +94,9 @@ impl File {
         self.inner.max_order
     }
 
-    /// The file's mapping (index, counters).
-    pub fn mapping(&self) -> &Mapping {
-        &self.inner.mapping
+    /// The file's mapping (index, counters), read only: changes go through the file.
+    pub fn mapping(&self) -> MappingView<'_> {
+        MappingView::new(&self.inner.mapping)
     }
 
     /// Reads at `pos` with a fresh handle (see [`Handle::read_at`]).

@@ -35,6 +35,6 @@ mod sync;
 pub use cache::{Cache, CacheBuilder, Policy, ReadPolicy, SmallReadPolicy, Stats};
 pub use error::Error;
 pub use file::{File, Handle};
-pub use mapping::{FolioBatch, Mapping, MappingStats};
+pub use mapping::{FolioBatch, Mapping, MappingStats, MappingView};
 pub use mem::refcount::RefcountPolicy;
 pub use mem::{FolioRef, MAX_ORDER, PAGE_SIZE, flag};

@@ -347,19 +347,6 @@ impl Mapping {
         let mut cursor = self.index.cursor();
         let mut want = start;
         let mut entry = cursor.load(want);
-        if !holds_data(entry) {
-            // A gap at the start: measure it in this same walk, for the caller to skip.
-            batch.gap_end = loop {
-                if cursor.next_pos().is_none_or(|next| next > last) {
-                    break None;
-                }
-                if holds_data(cursor.load_next()) {
-                    break Some(cursor.first().max(start));
-                }
-            };
-            self.counters.index_walks.add(cursor.walks());
-            return;
-        }
         while batch.len() < max {
             let Some(
                 found @ Entry::Folio {
@@ -367,6 +354,19 @@ impl Mapping {
                 },
             ) = entry
             else {
+                if batch.is_empty() {
+                    // A gap at the start, found by the first load or by a retry after the
+                    // folio there was removed: measure it in this same walk, so the caller
+                    // skips exactly the gap (and not the data after it).
+                    batch.gap_end = loop {
+                        if cursor.next_pos().is_none_or(|next| next > last) {
+                            break None;
+                        }
+                        if holds_data(cursor.load_next()) {
+                            break Some(cursor.first().max(start));
+                        }
+                    };
+                }
                 break;
             };
             if !batch.is_empty() && cursor.first() != want {
@@ -415,6 +415,13 @@ impl Mapping {
         {
             return Err(Error::FolioInUse { mapping });
         }
+        if desc.flags.load(Ordering::Acquire) & flag::PUBLISHED != 0 {
+            // It was in a mapping before (truncated or replaced since, still referenced). Other
+            // holders rely on its identity (index) staying put, and optimistic readers on its
+            // memory not being reused early: it cannot go in again.
+            desc.mapping.store(0, Ordering::Release);
+            return Err(Error::FolioWasCached);
+        }
         if !folio.try_lock() {
             desc.mapping.store(0, Ordering::Release);
             return Err(Error::FolioLocked);
@@ -433,7 +440,8 @@ impl Mapping {
     fn unprepare(&self, folio: &FolioRef<'_>) {
         let desc = folio.desc();
         desc.mapping.store(0, Ordering::Release);
-        // It never reached the index: no optimistic reader can know it.
+        // It never reached the index (and `prepare` admits only folios never published
+        // before): no optimistic reader can know it.
         desc.flags.fetch_and(!flag::PUBLISHED, Ordering::Relaxed);
         // Not the last reference: the caller still holds its own.
         let last = desc.refcount.put(self.mem().policy);
@@ -662,6 +670,57 @@ impl Mapping {
             index_bytes: self.index.memory_bytes() as u64,
             optimistic_retries: self.counters.optimistic_retries.get(),
         }
+    }
+}
+
+/// Read-only access to a [`Mapping`]: what a [`File`](crate::File) hands out, because the
+/// file's changes must go through the file (its write lock, its all-or-nothing plans).
+#[derive(Debug, Clone, Copy)]
+pub struct MappingView<'a>(&'a Mapping);
+
+impl<'a> MappingView<'a> {
+    pub(crate) fn new(mapping: &'a Mapping) -> Self {
+        Self(mapping)
+    }
+
+    /// See [`Mapping::id`].
+    pub fn id(&self) -> u64 {
+        self.0.id()
+    }
+
+    /// See [`Mapping::size`].
+    pub fn size(&self) -> u64 {
+        self.0.size()
+    }
+
+    /// See [`Mapping::lookup`].
+    pub fn lookup(&self, index: u64) -> Option<FolioRef<'a>> {
+        self.0.lookup(index)
+    }
+
+    /// See [`Mapping::get_batch`].
+    pub fn get_batch(&self, start: u64, max: usize, batch: &mut FolioBatch<'a>) {
+        self.0.get_batch(start, max, batch);
+    }
+
+    /// See [`Mapping::next_miss`].
+    pub fn next_miss(&self, index: u64, max_scan: u64) -> u64 {
+        self.0.next_miss(index, max_scan)
+    }
+
+    /// See [`Mapping::prev_miss`].
+    pub fn prev_miss(&self, index: u64, max_scan: u64) -> u64 {
+        self.0.prev_miss(index, max_scan)
+    }
+
+    /// See [`Mapping::index`].
+    pub fn index(&self) -> IndexView<'a> {
+        self.0.index()
+    }
+
+    /// See [`Mapping::stats`].
+    pub fn stats(&self) -> MappingStats {
+        self.0.stats()
     }
 }
 

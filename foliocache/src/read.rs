@@ -92,13 +92,13 @@ fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64) {
     let last = (end - 1) >> PAGE_SHIFT;
     if pos >> PAGE_SHIFT == last {
         // Within one page, a batch is one folio: one load, one try_get, one reload.
-        match mapping.lookup(last) {
-            Some(folio) if folio.is_uptodate() => {
-                let bytes = folio.bytes().unwrap_or_default();
+        let folio = mapping.lookup(last);
+        match folio.as_ref().and_then(|f| f.bytes().map(|b| (f, b))) {
+            Some((folio, bytes)) => {
                 let from = (pos - (folio.index() << PAGE_SHIFT)) as usize;
                 buf.copy_from_slice(&bytes[from..from + buf.len()]);
             }
-            _ => buf.fill(0),
+            None => buf.fill(0),
         }
         return;
     }

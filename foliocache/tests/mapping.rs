@@ -386,6 +386,43 @@ fn removal_validates_the_shadow_and_ignores_truncated_folios() {
 }
 
 #[test]
+fn a_folio_that_was_cached_cannot_go_in_again() {
+    let cache = &caches()[0];
+    let (a, b) = (cache.new_mapping(), cache.new_mapping());
+    let folio = cache.alloc_folio(0).unwrap();
+    a.add_folio(&folio, 3).unwrap();
+    folio.end_read(true);
+    a.truncate(..);
+    assert_eq!(folio.mapping_id(), 0);
+    assert!(matches!(b.add_folio(&folio, 7), Err(Error::FolioWasCached)));
+    assert_eq!(folio.index(), 3, "its identity was not touched");
+    assert!(b.lookup(7).is_none());
+}
+
+#[test]
+fn public_flag_setters_cannot_touch_lock_or_uptodate() {
+    let cache = &caches()[0];
+    let file = cache.new_mapping();
+    let folio = cache.alloc_folio(0).unwrap();
+    file.add_folio(&folio, 0).unwrap(); // locked
+    folio.set(flag::REFERENCED | flag::UPTODATE);
+    assert!(
+        folio.test(flag::REFERENCED) && !folio.is_uptodate(),
+        "UPTODATE comes from end_read"
+    );
+    folio.end_read(true);
+    assert!(folio.clear(u32::MAX), "REFERENCED was set");
+    assert!(folio.is_uptodate(), "an uptodate folio stays uptodate");
+    assert!(
+        folio.try_lock(),
+        "clear did not take the lock away or leave it"
+    );
+    assert!(!folio.clear(u32::MAX));
+    assert!(folio.test(flag::LOCKED), "nor did it drop a held lock");
+    folio.unlock();
+}
+
+#[test]
 fn folio_lock_sleeps_until_unlocked() {
     let cache = &caches()[0];
     let file = cache.new_mapping();

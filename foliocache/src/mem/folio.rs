@@ -38,6 +38,8 @@ pub mod flag {
     pub const ERROR: u32 = 1 << 6;
     /// Reserved for a write-back path.
     pub const DIRTY: u32 = 1 << 7;
+    /// The bits [`FolioRef::set`](super::FolioRef::set) and `clear` may change.
+    pub(crate) const SETTABLE: u32 = READAHEAD | WORKINGSET | REFERENCED | ACTIVE | ERROR | DIRTY;
     /// Someone is parked waiting for LOCKED to clear (internal).
     pub(crate) const WAITERS: u32 = 1 << 8;
     /// Has been in an index: optimistic readers may know it, so its memory is returned only
@@ -264,15 +266,19 @@ impl<'m> FolioRef<'m> {
         self.flags() & bits == bits
     }
 
-    /// Sets flag bits (not LOCKED: use [`lock`](Self::lock)).
+    /// Sets flag bits among READAHEAD, WORKINGSET, REFERENCED, ACTIVE, ERROR and DIRTY; other
+    /// bits are ignored (LOCKED has [`lock`](Self::lock), UPTODATE is set by
+    /// [`end_read`](Self::end_read), the rest are internal).
     pub fn set(&self, bits: u32) {
-        debug_assert_eq!(bits & (flag::LOCKED | flag::WAITERS), 0);
-        self.desc().flags.fetch_or(bits, Ordering::Release);
+        self.desc()
+            .flags
+            .fetch_or(bits & flag::SETTABLE, Ordering::Release);
     }
 
-    /// Clears flag bits (not LOCKED: use [`unlock`](Self::unlock)); returns whether any was set.
+    /// Clears flag bits among the same ones as [`set`](Self::set) (never UPTODATE: an uptodate
+    /// folio stays so, which lock-free readers rely on); returns whether any was set.
     pub fn clear(&self, bits: u32) -> bool {
-        debug_assert_eq!(bits & (flag::LOCKED | flag::WAITERS), 0);
+        let bits = bits & flag::SETTABLE;
         self.desc().flags.fetch_and(!bits, Ordering::AcqRel) & bits != 0
     }
 

@@ -127,6 +127,13 @@ impl Grace {
     pub(crate) fn reclaim_deferred(&self, patience: std::time::Duration) -> bool {
         #[cfg(not(loom))]
         {
+            // A caller that is itself pinned (holding a cursor, say) holds the epoch back: waiting
+            // would only wait for itself. Push once and report.
+            let patience = if crossbeam_epoch::is_pinned() {
+                std::time::Duration::ZERO
+            } else {
+                patience
+            };
             let start = std::time::Instant::now();
             let mut last = self.pending_pages();
             let mut idle = 0u32;
@@ -135,10 +142,10 @@ impl Grace {
                 let now = self.pending_pages();
                 idle = if now < last { 0 } else { idle + 1 };
                 last = now;
+                if start.elapsed() >= patience {
+                    break;
+                }
                 if idle >= 64 {
-                    if start.elapsed() >= patience {
-                        break;
-                    }
                     std::thread::yield_now();
                     idle = 0;
                 }

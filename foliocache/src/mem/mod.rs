@@ -102,11 +102,9 @@ impl Memory {
         let pfn = match self.grace.buddy().alloc(order) {
             Some(pfn) => pfn,
             // Memory may be waiting for optimistic readers to finish with it (a grace period):
-            // wait for them a little. The caller holds no epoch pin (allocation never happens
-            // inside a lookup), so its own pin cannot be what holds the epoch back.
-            None if self.grace.pending_pages() > 0
-                && self.grace.reclaim_deferred(Duration::from_millis(20)) =>
-            {
+            // wait for them a little, then try again whatever came back.
+            None if self.grace.pending_pages() > 0 => {
+                self.grace.reclaim_deferred(Duration::from_millis(20));
                 self.grace
                     .buddy()
                     .alloc(order)

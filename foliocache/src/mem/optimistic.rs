@@ -88,6 +88,8 @@ impl Memory {
     pub(crate) fn peek_valid(&self, peek: &Peek) -> bool {
         fence(Ordering::Acquire);
         let desc = self.desc(peek.pfn);
-        desc.seq.load(Ordering::Relaxed) == peek.seq && !desc.refcount.is_frozen(self.policy)
+        desc.seq.load(Ordering::Relaxed) == peek.seq
+            && !desc.refcount.is_frozen(self.policy)
+            && desc.flags.load(Ordering::Relaxed) & super::flag::UPTODATE != 0
     }
 }
