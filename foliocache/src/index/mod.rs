@@ -1,13 +1,13 @@
 //! The index: an xarray-like map from page index (`u64`) to [`Entry`] (a folio or a value).
 //!
 //! # Shape
-//! A radix tree of 64-slot [nodes](node::Node). The root covers `64 << root.shift` indexes and
+//! A radix tree of 64-slot nodes (`node::Node`). The root covers `64 << root.shift` indexes and
 //! grows a level when a larger index is stored; it shrinks when only its first slot holds a
 //! child. Multi-order entries (a folio of order `k` covers its aligned `2^k` indexes) are stored
-//! at the level `k` rounded down to a multiple of 6, in `2^(k mod 6)` slots (see [`node`]).
+//! at the level `k` rounded down to a multiple of 6, in `2^(k mod 6)` slots (see the `node` module).
 //!
 //! # Concurrency
-//! * **Readers** take no lock. They pin an epoch ([`reclaim`]), walk with acquire loads, and may
+//! * **Readers** take no lock. They pin an epoch (the `reclaim` module), walk with acquire loads, and may
 //!   see any interleaving of a concurrent writer's individual slot stores; each store leaves a
 //!   slot holding a whole, valid word. Readers never see a consistent snapshot of several slots
 //!   (neither do the kernel's).

@@ -1,6 +1,6 @@
 //! Memory: the arena, the buddy allocator, the folio table and the reference-count protocol.
 //!
-//! [`Memory`] ties them together. A folio's life:
+//! `Memory` ties them together. A folio's life:
 //! 1. `alloc_folio(order)`: the buddy allocator hands out a naturally aligned block; its head
 //!    descriptor gets its order and its first reference (`init`), and the caller gets a
 //!    [`FolioRef`]. The folio is private: no index holds it, no reader can reach it.
