@@ -379,11 +379,13 @@ pub(crate) fn others_busy(window: Duration) -> Option<f64> {
     Some(others as f64 / total as f64)
 }
 
-/// Samples of `systems` systems measured in rotation (A B C, B C A, C A B, ...), `reps` times
-/// each (BENCH.md §1 and §7): first a wait for an idle machine, then one warm-up round that is
-/// thrown away (an idle core is slow to come back to speed on this VM), then the timed rounds
-/// back to back. `measure(k)` measures system `k` once. Returns each system's samples and
-/// whether the machine was busy.
+/// Samples of `systems` systems measured in rotation, `reps` times each (BENCH.md §1 and §7):
+/// first a wait for an idle machine, then one warm-up round that is thrown away (an idle core
+/// is slow to come back to speed on this VM), then the timed rounds back to back. The rotation
+/// alternates direction (A B C, C B A, B C A, A C B, ...), so no system always runs right after
+/// the same other one and inherits its leftovers (a kernel `pread` run leaves caches and TLBs
+/// in another state than a foliocache run). `measure(k)` measures system `k` once. Returns
+/// each system's samples (in round order) and whether the machine was busy.
 pub(crate) fn interleaved(
     reps: usize,
     systems: usize,
@@ -397,7 +399,8 @@ pub(crate) fn interleaved(
     }
     for rep in 0..reps {
         for k in 0..systems {
-            let which = (k + rep) % systems;
+            let step = if rep % 2 == 0 { k } else { systems - 1 - k };
+            let which = (step + rep / 2) % systems;
             samples[which].push(measure(which)?);
             bar.inc(1);
         }
