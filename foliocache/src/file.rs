@@ -120,10 +120,7 @@ impl File {
             (end - 1) >> PAGE_SHIFT,
             Cover::Write,
         )?;
-        if end > size {
-            self.plan_zero_tail(&mut plan, size)?;
-        }
-        plan.fill(|first_byte, bytes, old| {
+        self.apply(plan, size, end, |first_byte, bytes, old| {
             // Old bytes below the old end of file survive, the written range is replaced,
             // everything else is zero.
             fill_from(bytes, first_byte, old, size);
@@ -133,11 +130,7 @@ impl File {
                 let src = &data[(lo - pos) as usize..(hi - pos) as usize];
                 bytes[(lo - first_byte) as usize..(hi - first_byte) as usize].copy_from_slice(src);
             }
-        });
-        self.publish(plan)?;
-        if end > size {
-            self.inner.mapping.set_size(end);
-        }
+        })?;
         Ok(data.len())
     }
 
@@ -150,11 +143,9 @@ impl File {
         let _changing = self.lock_changes();
         let size = self.size();
         if len > size {
-            let mut plan = Plan::default();
-            self.plan_zero_tail(&mut plan, size)?;
-            plan.fill(|first_byte, bytes, old| fill_from(bytes, first_byte, old, size));
-            self.publish(plan)?;
-            self.inner.mapping.set_size(len);
+            self.apply(Plan::default(), size, len, |first_byte, bytes, old| {
+                fill_from(bytes, first_byte, old, size);
+            })?;
         } else if len < size {
             // Readers check the size before copying: publish it first, then drop the folios.
             self.inner.mapping.set_size(len);
@@ -182,15 +173,9 @@ impl File {
             (end - 1) >> PAGE_SHIFT,
             Cover::Allocate,
         )?;
-        if end > size {
-            self.plan_zero_tail(&mut plan, size)?;
-        }
-        plan.fill(|first_byte, bytes, old| fill_from(bytes, first_byte, old, size));
-        self.publish(plan)?;
-        if end > size {
-            self.inner.mapping.set_size(end);
-        }
-        Ok(())
+        self.apply(plan, size, end, |first_byte, bytes, old| {
+            fill_from(bytes, first_byte, old, size);
+        })
     }
 
     /// Makes `offset..offset + len` read as zeros and frees the folios wholly inside it; folios
@@ -229,6 +214,27 @@ impl File {
             self.inner.mapping.truncate(first_page..end_page);
         }
         self.publish(plan)
+    }
+
+    /// Completes a change that ends at byte `end` of a file of `size` bytes: if it moves the end
+    /// of file forward, plans the zero-tailed copy of the folio holding the old end; then fills
+    /// every planned folio, puts them into the file, and moves the end of file.
+    fn apply<'c>(
+        &'c self,
+        mut plan: Plan<'c>,
+        size: u64,
+        end: u64,
+        fill: impl FnMut(u64, &mut [u8], Option<&FolioRef<'c>>),
+    ) -> Result<(), Error> {
+        if end > size {
+            self.plan_zero_tail(&mut plan, size)?;
+        }
+        plan.fill(fill);
+        self.publish(plan)?;
+        if end > size {
+            self.inner.mapping.set_size(end);
+        }
+        Ok(())
     }
 
     fn lock_changes(&self) -> std::sync::MutexGuard<'_, ()> {

@@ -70,6 +70,13 @@ pub(crate) fn read_at(
     Ok(len)
 }
 
+/// Where the gap found by an empty read batch at byte `at` ends, clipped to `end`.
+fn gap_end_byte(batch: &FolioBatch<'_>, at: u64, end: u64) -> u64 {
+    batch
+        .gap_end()
+        .map_or(end, |page| (page << PAGE_SHIFT).clamp(at, end))
+}
+
 /// Zeros pending in the destination, cleared in one run when something else comes.
 struct ZeroRun {
     from: Option<usize>,
@@ -110,9 +117,7 @@ fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64) {
         mapping.get_read_batch(at >> PAGE_SHIFT, last, BatchEnd::AtGap, &mut batch);
         if batch.is_empty() {
             // A hole: zeros up to the next cached folio or the end.
-            let next = batch
-                .gap_end()
-                .map_or(end, |page| (page << PAGE_SHIFT).clamp(at, end));
+            let next = gap_end_byte(&batch, at, end);
             zeros.extend(done);
             at = next;
             continue;
@@ -282,9 +287,7 @@ pub(crate) fn read_folios(file: &FileInner, pos: u64, len: usize) -> Result<Read
     while at < end {
         mapping.get_read_batch(at >> PAGE_SHIFT, last, BatchEnd::AtGap, &mut batch);
         if batch.is_empty() {
-            let next = batch
-                .gap_end()
-                .map_or(end, |page| (page << PAGE_SHIFT).clamp(at, end));
+            let next = gap_end_byte(&batch, at, end);
             run.push_zeros((next - at) as usize);
             at = next;
             continue;

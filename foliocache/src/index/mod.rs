@@ -175,7 +175,7 @@ impl Index {
             {
                 return end;
             }
-            entry = cursor.load_next_or_hole();
+            entry = cursor.load_next();
         }
     }
 
@@ -219,7 +219,7 @@ impl Index {
                 return Some(pos);
             }
             pos = cursor.next_pos()?;
-            entry = cursor.load_next_or_hole();
+            entry = cursor.load_next();
         }
     }
 
@@ -235,7 +235,7 @@ impl Index {
             if cursor.next_pos().is_none() {
                 return out;
             }
-            entry = cursor.load_next_or_hole();
+            entry = cursor.load_next();
         }
     }
 
@@ -355,13 +355,10 @@ impl Cursor<'_> {
         self.walks
     }
 
-    /// Loads the entry right after the last one, if it is present: staying inside the current
+    /// Loads the entry (or hole: `None`) right after the last one: staying inside the current
     /// node when it can, walking from the root only when the next index lies in another node.
+    /// `None` also when the last one reached the largest index.
     pub fn load_next(&mut self) -> Option<Entry> {
-        self.load_next_or_hole()
-    }
-
-    fn load_next_or_hole(&mut self) -> Option<Entry> {
         let index = self.next?;
         self.load_near(index)
     }

@@ -66,15 +66,6 @@ impl Entry {
         matches!(self, Self::Folio { .. })
     }
 
-    /// A folio entry without the `zeros` flag.
-    pub const fn folio(id: u32, order: u8) -> Self {
-        Self::Folio {
-            id,
-            order,
-            zeros: false,
-        }
-    }
-
     pub(crate) fn encode(self) -> usize {
         match self {
             Self::Folio { id, order, zeros } => {
