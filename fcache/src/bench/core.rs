@@ -9,13 +9,12 @@
 //!   `add_folio_range` (one lock hold), in ns per folio.
 
 use super::BenchArgs;
-use super::report::{Figure, Plot, Report, interleaved};
+use super::report::{Figure, Placement, Plot, Report, interleaved, run_threads};
 use foliocache::mem::refcount::RefCount;
 use foliocache::{Cache, FolioRef, Policy, RefcountPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::hint::black_box;
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -182,34 +181,19 @@ fn index_metadata(report: &mut Report, sizes: &Sizes, bar: &ProgressBar) -> Resu
 fn try_get_put(policy: RefcountPolicy, threads: usize, time: Duration) -> f64 {
     let count = RefCount::new_free(policy);
     count.init();
-    let stop = AtomicBool::new(false);
-    let start_line = Barrier::new(threads + 1);
-    let (ops, elapsed) = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    start_line.wait();
-                    let mut n = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        for _ in 0..256 {
-                            let got = count.try_get(policy);
-                            debug_assert!(got);
-                            black_box(count.put(policy));
-                        }
-                        n += 256;
-                    }
-                    n
-                })
-            })
-            .collect();
-        start_line.wait();
-        let start = Instant::now();
-        std::thread::sleep(time);
-        stop.store(true, Ordering::Relaxed);
-        let ops: u64 = workers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
-        (ops, start.elapsed())
-    });
-    ops as f64 / elapsed.as_secs_f64() / 1e6
+    let work = |stop: &AtomicBool| -> u64 {
+        let mut n = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..256 {
+                let got = count.try_get(policy);
+                debug_assert!(got);
+                black_box(count.put(policy));
+            }
+            n += 256;
+        }
+        n
+    };
+    run_threads(threads, time, Placement::Free, &work).0 / 1e6
 }
 
 fn refcount(

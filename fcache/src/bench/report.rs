@@ -408,6 +408,65 @@ pub(crate) fn interleaved(
     Ok((samples, busy))
 }
 
+/// Where the threads of [`run_threads`] run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// Pinned to CPUs round robin (best effort).
+    Pinned,
+    /// Wherever the scheduler puts them.
+    Free,
+}
+
+/// Pins the calling thread to `cpu` (best effort: not every machine allows it).
+fn pin_to(cpu: usize) -> bool {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only
+    // read and write that local set.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    }
+}
+
+/// Runs `work` on `threads` threads, released together, for `time`; returns total operations
+/// per second and whether every thread was pinned as asked. `work(stop)` loops until `stop` and
+/// returns how many operations it did.
+pub(crate) fn run_threads(
+    threads: usize,
+    time: Duration,
+    placement: Placement,
+    work: &(dyn Fn(&std::sync::atomic::AtomicBool) -> u64 + Sync),
+) -> (f64, bool) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let stop = AtomicBool::new(false);
+    let start_line = std::sync::Barrier::new(threads + 1);
+    let pinned = AtomicU64::new(0);
+    let (ops, elapsed) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let (stop, start_line, pinned) = (&stop, &start_line, &pinned);
+                s.spawn(move || {
+                    if placement == Placement::Pinned && pin_to(t % cpus) {
+                        pinned.fetch_add(1, Ordering::Relaxed);
+                    }
+                    start_line.wait();
+                    work(stop)
+                })
+            })
+            .collect();
+        start_line.wait();
+        let start = Instant::now();
+        std::thread::sleep(time);
+        stop.store(true, Ordering::Relaxed);
+        let ops: u64 = workers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
+        (ops, start.elapsed())
+    });
+    let all_pinned =
+        placement == Placement::Free || pinned.load(Ordering::Relaxed) == threads as u64;
+    (ops as f64 / elapsed.as_secs_f64(), all_pinned)
+}
+
 /// Waits (up to `patience`) for the machine to be idle apart from us. Returns whether it was
 /// busy when we gave up (the figures measured next are then flagged).
 pub(crate) fn wait_for_idle(patience: Duration) -> bool {

@@ -12,16 +12,15 @@
 //!   share nothing.
 
 use super::BenchArgs;
-use super::report::{Figure, Plot, Report, fmt, interleaved};
+use super::report::{Figure, Placement, Plot, Report, fmt, interleaved, run_threads};
 use foliocache::{Cache, File, Policy, RefcountPolicy, SmallReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::os::unix::fs::FileExt;
-use std::sync::Barrier;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const SYSTEMS: [&str; 5] = [
     "foliocache/optimistic",
@@ -30,54 +29,6 @@ const SYSTEMS: [&str; 5] = [
     "kernel",
     "ceiling",
 ];
-
-/// Pins the calling thread to `cpu` (best effort: not every machine allows it).
-fn pin_to(cpu: usize) -> bool {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and sched_setaffinity only
-    // read and write that local set.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
-}
-
-/// Runs `work` on `threads` pinned threads for `time`; returns total operations per second.
-/// `work(stop)` loops until `stop` and returns how many operations it did.
-fn run_threads(
-    threads: usize,
-    time: Duration,
-    work: &(dyn Fn(&AtomicBool) -> u64 + Sync),
-) -> (f64, bool) {
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let stop = AtomicBool::new(false);
-    let start_line = Barrier::new(threads + 1);
-    let pinned = AtomicU64::new(0);
-    let (ops, elapsed) = std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|t| {
-                let (stop, start_line, pinned) = (&stop, &start_line, &pinned);
-                s.spawn(move || {
-                    if pin_to(t % cpus) {
-                        pinned.fetch_add(1, Ordering::Relaxed);
-                    }
-                    start_line.wait();
-                    work(stop)
-                })
-            })
-            .collect();
-        start_line.wait();
-        let start = Instant::now();
-        std::thread::sleep(time);
-        stop.store(true, Ordering::Relaxed);
-        let ops: u64 = workers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
-        (ops, start.elapsed())
-    });
-    (
-        ops as f64 / elapsed.as_secs_f64(),
-        pinned.load(Ordering::Relaxed) == threads as u64,
-    )
-}
 
 fn read_loop(file: &File, small_read: SmallReadPolicy, stop: &AtomicBool) -> u64 {
     let mut handle = file.handle();
@@ -191,7 +142,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 }
             }
         };
-        let (ops, pinned) = run_threads(threads[t], time, &work);
+        let (ops, pinned) = run_threads(threads[t], time, Placement::Pinned, &work);
         all_pinned &= pinned;
         Ok(ops)
     })?;
