@@ -2,11 +2,15 @@
 
 use crate::error::Error;
 use crate::file::File;
+use crate::io::{Backend, DirectFile, Engine, EngineKind, OpenOptions};
 use crate::mapping::Mapping;
 use crate::mem::refcount::RefcountPolicy;
-use crate::mem::{FolioRef, MAX_ORDER, Memory, PAGE_SIZE};
-use std::sync::Arc;
+use crate::mem::{FolioRef, MAX_ORDER, Memory, PAGE_SHIFT, PAGE_SIZE};
+use crate::readahead::DEFAULT_RA_PAGES;
+use crate::reclaim::{Reclaim, ReclaimStats};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// Runtime choices between each optimisation's "before" and "after" (the default is "after").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -17,6 +21,19 @@ pub struct Policy {
     pub read: ReadPolicy,
     /// Whether small reads take a reference (beyond seed 002).
     pub small_read: SmallReadPolicy,
+    /// How readahead inserts a window's folios (seeds 000/003).
+    pub insert: InsertPolicy,
+}
+
+/// How readahead inserts the folios of a window into the index (seeds 000/003).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum InsertPolicy {
+    /// Allocate the window's folios first, then insert each contiguous run under one hold of
+    /// the mapping's lock; one by one when the window cannot be allocated whole. The default.
+    #[default]
+    Batched,
+    /// Before the seed: allocate and insert one folio at a time, one lock hold each.
+    Single,
 }
 
 /// How a small read (at most [`SMALL_READ_MAX`](crate::read::SMALL_READ_MAX) bytes within one
@@ -52,6 +69,9 @@ pub struct CacheBuilder {
     huge_pages: bool,
     prefault: bool,
     policy: Policy,
+    io_engine: EngineKind,
+    ra_bytes: u64,
+    io_bytes: u64,
 }
 
 impl Default for CacheBuilder {
@@ -62,9 +82,16 @@ impl Default for CacheBuilder {
             huge_pages: false,
             prefault: false,
             policy: Policy::default(),
+            io_engine: EngineKind::Auto,
+            ra_bytes: DEFAULT_RA_PAGES << PAGE_SHIFT,
+            io_bytes: DEFAULT_IO_BYTES,
         }
     }
 }
+
+/// The default largest readahead request (`bdi->io_pages`): 2 MiB, which is also the forced
+/// path's chunk.
+const DEFAULT_IO_BYTES: u64 = 2 << 20;
 
 impl CacheBuilder {
     /// Capacity in bytes: a positive multiple of 4096 (default 256 MiB).
@@ -98,6 +125,29 @@ impl CacheBuilder {
         self
     }
 
+    /// The I/O engine for files opened from storage (default: io_uring when available, else a
+    /// thread pool).
+    pub fn io_engine(mut self, kind: EngineKind) -> Self {
+        self.io_engine = kind;
+        self
+    }
+
+    /// The default maximum readahead window of files opened from this cache, in bytes
+    /// (rounded down to pages; 0 disables readahead). Default 128 KiB, the kernel's
+    /// `VM_READAHEAD_PAGES`; a handle can change it ([`crate::Handle::set_ra_bytes`]).
+    pub fn readahead_bytes(mut self, bytes: u64) -> Self {
+        self.ra_bytes = bytes;
+        self
+    }
+
+    /// The device's largest useful request in bytes (the kernel's `bdi->io_pages`): a read
+    /// larger than the window may read up to this much at once, and `readahead()` reads at
+    /// most the larger of this and the window. Default 2 MiB.
+    pub fn max_io_bytes(mut self, bytes: u64) -> Self {
+        self.io_bytes = bytes;
+        self
+    }
+
     /// Builds the cache. Errors: a capacity that is zero, not a page multiple or above 16 TiB;
     /// a max order above 9; the arena mapping failing.
     pub fn build(self) -> Result<Cache, Error> {
@@ -125,6 +175,11 @@ impl CacheBuilder {
                 mem,
                 policy: self.policy,
                 capacity: self.capacity,
+                reclaim: Reclaim::default(),
+                engine_kind: self.io_engine,
+                engine: OnceLock::new(),
+                ra_pages: self.ra_bytes >> PAGE_SHIFT,
+                io_pages: (self.io_bytes >> PAGE_SHIFT).max(1),
             }),
         })
     }
@@ -135,6 +190,46 @@ pub(crate) struct CacheInner {
     pub(crate) mem: Memory,
     pub(crate) policy: Policy,
     capacity: u64,
+    pub(crate) reclaim: Reclaim,
+    engine_kind: EngineKind,
+    /// Started on the first file opened from storage.
+    engine: OnceLock<Arc<Engine>>,
+    /// Default maximum readahead window, in pages.
+    pub(crate) ra_pages: u64,
+    /// The device's largest useful request, in pages.
+    pub(crate) io_pages: u64,
+}
+
+/// Pages one eviction pass tries to free at least (so a stream does not evict page by page).
+const EVICT_BATCH_PAGES: u64 = 64;
+
+impl CacheInner {
+    fn engine(&self) -> Result<Arc<Engine>, Error> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(Arc::clone(engine));
+        }
+        let started = Arc::new(Engine::start(self.engine_kind)?);
+        // Two threads may race to start it: the loser's engine is dropped (it has no work).
+        Ok(Arc::clone(self.engine.get_or_init(|| started)))
+    }
+
+    /// Allocates a folio for readahead or a read, evicting idle folios read from storage when
+    /// the arena is dry.
+    pub(crate) fn alloc_for_readahead(&self, order: u8) -> Result<FolioRef<'_>, Error> {
+        match self.mem.alloc_folio(order) {
+            Err(Error::NoMemory { .. }) => {
+                let want = (1u64 << order).max(EVICT_BATCH_PAGES);
+                if self.reclaim.evict(want) > 0 {
+                    // Evicted folios were published: they come back after a grace period
+                    // (the allocator waits for it briefly).
+                    self.mem.alloc_folio(order)
+                } else {
+                    Err(Error::NoMemory { order })
+                }
+            }
+            other => other,
+        }
+    }
 }
 
 /// Memory statistics of a cache.
@@ -197,6 +292,70 @@ impl Cache {
             });
         }
         Ok(File::new_memory(self, self.new_mapping(), max_order))
+    }
+
+    /// Opens a file from storage for reading through this cache, with O_DIRECT (see
+    /// [`open_with`](Self::open_with) for the options). The file is read only, and its size is
+    /// taken at open: changes made to it by others later are not seen.
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<File, Error> {
+        self.open_with(path, OpenOptions::new())
+    }
+
+    /// Opens a file from storage with options (a buffered fallback for file systems without
+    /// direct I/O, a folio order limit).
+    pub fn open_with(&self, path: impl AsRef<Path>, options: OpenOptions) -> Result<File, Error> {
+        let max_order = self.checked_order(options.max_order)?;
+        let engine = self.inner.engine()?;
+        let backend = DirectFile::open(path.as_ref(), options, engine)?;
+        Ok(File::new_disk(
+            self,
+            self.new_mapping(),
+            max_order,
+            Arc::new(backend),
+        ))
+    }
+
+    /// Opens a file whose bytes come from `backend` (a custom source: a test double, a remote
+    /// store). `max_order` limits its folios (default: the cache's).
+    pub fn open_backend(
+        &self,
+        backend: Arc<dyn Backend>,
+        max_order: Option<u8>,
+    ) -> Result<File, Error> {
+        let max_order = self.checked_order(max_order)?;
+        Ok(File::new_disk(self, self.new_mapping(), max_order, backend))
+    }
+
+    fn checked_order(&self, order: Option<u8>) -> Result<u8, Error> {
+        let max = self.inner.mem.max_order;
+        match order {
+            None => Ok(max),
+            Some(order) if order <= max => Ok(order),
+            Some(order) => Err(Error::OrderTooLarge { order, max }),
+        }
+    }
+
+    /// The I/O engine reading files from storage ("io_uring" or "threads (preadv)"), once a
+    /// file was opened; `None` before.
+    pub fn io_engine(&self) -> Option<&'static str> {
+        self.inner.engine.get().map(|engine| engine.name())
+    }
+
+    /// Eviction counters.
+    pub fn reclaim_stats(&self) -> ReclaimStats {
+        self.inner.reclaim.stats()
+    }
+
+    /// Evicts idle folios read from storage (oldest first) until `pages` pages were freed or
+    /// none is left to evict; returns the pages freed.
+    pub fn evict(&self, pages: u64) -> u64 {
+        let freed = self.inner.reclaim.evict(pages);
+        self.inner.reclaim.prune();
+        freed
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<CacheInner> {
+        &self.inner
     }
 
     /// Allocates a private folio of `2^order` pages. When no block of that order is free it

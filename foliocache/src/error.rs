@@ -122,4 +122,47 @@ pub enum Error {
     /// Faulting the arena in (`MADV_POPULATE_WRITE`) failed.
     #[error("could not prefault the arena: {0}")]
     Prefault(#[source] io::Error),
+    /// A file could not be opened (or inspected).
+    #[error("could not open {path}: {source}")]
+    Open {
+        /// The path.
+        path: std::path::PathBuf,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The file system does not support direct I/O (O_DIRECT), or accepts it but caches anyway
+    /// (tmpfs): reading through this cache would keep every byte twice. Open it with
+    /// `OpenOptions::buffered_fallback(true)` to read through the kernel's cache explicitly.
+    #[error(
+        "{path} is on a file system without real direct I/O ({reason}); reading it through \
+         foliocache would cache it twice. Use OpenOptions::buffered_fallback(true) to read it \
+         through the kernel's page cache instead"
+    )]
+    NoDirectIo {
+        /// The path.
+        path: std::path::PathBuf,
+        /// What was found.
+        reason: String,
+    },
+    /// The device (or backend) failed to read file bytes.
+    #[error("I/O error reading {len} bytes at offset {offset}: {source}")]
+    Io {
+        /// The file offset of the failed read.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The I/O engine could not be started.
+    #[error("could not start the I/O engine: {0}")]
+    Engine(#[source] io::Error),
+    /// The operation needs a file backed by storage (a memory file has no device).
+    #[error("this operation needs a file opened from storage, not a memory file")]
+    NotADiskFile,
+    /// A memory file operation was asked of a read-only file opened from storage.
+    #[error("files opened from storage are read only in this cache")]
+    ReadOnly,
 }

@@ -25,11 +25,13 @@
 //! that moves end of file forward over them (a write, `set_len`, `fallocate`) first replaces
 //! that folio with one whose tail is zero.
 
-use crate::cache::{Cache, Policy, ReadPolicy, SmallReadPolicy};
+use crate::cache::{Cache, CacheInner, Policy, ReadPolicy, SmallReadPolicy};
 use crate::error::Error;
+use crate::io::{Backend, IoCounters, IoStats};
 use crate::mapping::{Mapping, MappingView};
 use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE};
 use crate::read::{self, ReadRun};
+use crate::readahead::{self, Geometry, Probe, RaCounters, RaState, RaStats};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The largest file size: 2^63 - 1 bytes (as the kernel's `MAX_LFS_FILESIZE`).
@@ -48,16 +50,85 @@ pub(crate) struct FileInner {
     max_order: u8,
     /// Serialises changes (writes, truncation, hole punching, fallocate).
     write_lock: Mutex<()>,
+    /// Where the bytes come from: `None` for a memory file.
+    source: Option<DiskSource>,
     // Keeps the cache (and so the arena the mapping's folios live in) alive.
-    _cache: Cache,
+    pub(crate) cache_inner: Arc<CacheInner>,
+}
+
+/// A file read from storage: its backend and its counters.
+#[derive(Debug)]
+pub(crate) struct DiskSource {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) io: Arc<IoCounters>,
+    pub(crate) ra: RaCounters,
+}
+
+impl FileInner {
+    pub(crate) fn disk(&self) -> Option<&DiskSource> {
+        self.source.as_ref()
+    }
+
+    pub(crate) fn cache(&self) -> &CacheInner {
+        &self.cache_inner
+    }
+
+    pub(crate) fn geometry(&self) -> Geometry {
+        Geometry {
+            max_order: self.max_order,
+            io_pages: self.cache_inner.io_pages,
+            file_size: self.mapping.size(),
+        }
+    }
+
+    fn writable(&self) -> Result<(), Error> {
+        match self.source {
+            None => Ok(()),
+            Some(_) => Err(Error::ReadOnly),
+        }
+    }
+}
+
+impl Probe for Mapping {
+    fn prev_miss(&self, index: u64, max_scan: u64) -> u64 {
+        Mapping::prev_miss(self, index, max_scan)
+    }
+    fn next_miss(&self, index: u64, max_scan: u64) -> u64 {
+        Mapping::next_miss(self, index, max_scan)
+    }
+}
+
+/// Access-pattern advice for a handle ([`Handle::advise`]), as `posix_fadvise(2)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Advice {
+    /// The default heuristics, with the file's default maximum window.
+    Normal,
+    /// Sequential: the maximum window doubles.
+    Sequential,
+    /// Random: no readahead heuristics; a miss reads exactly what was asked.
+    Random,
+    /// Read this byte range soon: start reading it now (forced readahead, no marks).
+    WillNeed {
+        /// First byte.
+        offset: u64,
+        /// Bytes.
+        len: u64,
+    },
+    /// This byte range is not needed: drop its idle folios from the cache.
+    DontNeed {
+        /// First byte.
+        offset: u64,
+        /// Bytes (0: to end of file).
+        len: u64,
+    },
 }
 
 /// One reader's view of a [`File`].
 #[derive(Debug, Clone)]
 pub struct Handle {
     file: File,
-    /// Byte position just after the last read (the kernel's `ra->prev_pos`).
-    prev_pos: u64,
+    /// This reader's readahead state, including the position after its last read.
+    pub(crate) ra: RaState,
     /// This reader's read-side policies (the cache's unless changed).
     policy: Policy,
 }
@@ -70,7 +141,31 @@ impl File {
                 policy: cache.policy(),
                 max_order,
                 write_lock: Mutex::new(()),
-                _cache: cache.clone(),
+                source: None,
+                cache_inner: Arc::clone(cache.inner()),
+            }),
+        }
+    }
+
+    pub(crate) fn new_disk(
+        cache: &Cache,
+        mapping: Mapping,
+        max_order: u8,
+        backend: Arc<dyn Backend>,
+    ) -> Self {
+        mapping.set_size(backend.size());
+        Self {
+            inner: Arc::new(FileInner {
+                mapping,
+                policy: cache.policy(),
+                max_order,
+                write_lock: Mutex::new(()),
+                source: Some(DiskSource {
+                    backend,
+                    io: Arc::default(),
+                    ra: RaCounters::default(),
+                }),
+                cache_inner: Arc::clone(cache.inner()),
             }),
         }
     }
@@ -79,9 +174,70 @@ impl File {
     pub fn handle(&self) -> Handle {
         Handle {
             file: self.clone(),
-            prev_pos: 0,
+            ra: RaState::new(self.inner.cache_inner.ra_pages),
             policy: self.inner.policy,
         }
+    }
+
+    /// Whether the file's bytes come from storage (a backend) rather than only memory.
+    pub fn is_disk_file(&self) -> bool {
+        self.inner.source.is_some()
+    }
+
+    /// The backend's description (engine and mode), for a file read from storage.
+    pub fn backend_description(&self) -> Option<String> {
+        self.inner.disk().map(|disk| disk.backend.describe())
+    }
+
+    /// Readahead counters of this file (all zero for a memory file).
+    pub fn readahead_stats(&self) -> RaStats {
+        self.inner
+            .disk()
+            .map_or_else(RaStats::default, |disk| disk.ra.snapshot())
+    }
+
+    /// I/O counters of this file (all zero for a memory file).
+    pub fn io_stats(&self) -> IoStats {
+        self.inner
+            .disk()
+            .map_or_else(IoStats::default, |disk| disk.io.snapshot())
+    }
+
+    /// Drops the idle folios of `offset..offset + len` (0: to end of file) from the cache, as
+    /// `POSIX_FADV_DONTNEED` does: folios that are locked (a read in flight) or referenced by a
+    /// reader stay. Returns the pages dropped. A memory file's folios are its data and stay.
+    pub fn drop_cached(&self, offset: u64, len: u64) -> u64 {
+        if self.inner.source.is_none() {
+            return 0;
+        }
+        let mapping = &self.inner.mapping;
+        let first = offset >> PAGE_SHIFT;
+        let end = if len == 0 {
+            u64::MAX
+        } else {
+            offset.saturating_add(len).div_ceil(PAGE_SIZE as u64)
+        };
+        let mut dropped = 0;
+        let mut index = first;
+        while index < end {
+            // Jump to the next cached page (one index walk), then take what is there.
+            let next = mapping.index().next_present(index, end - 1);
+            let Some(next) = next else { break };
+            let Some(folio) = mapping.lookup(next) else {
+                index = next + 1;
+                continue;
+            };
+            index = folio.index() + folio.nr_pages() as u64;
+            let whole = folio.index() >= first && index <= end;
+            if !whole || folio.test(crate::mem::flag::LOCKED) {
+                continue;
+            }
+            let pages = folio.nr_pages() as u64;
+            if mapping.remove_folio(folio, None).is_ok() {
+                dropped += pages;
+            }
+        }
+        dropped
     }
 
     /// The file size in bytes.
@@ -107,6 +263,7 @@ impl File {
     /// Writes all of `data` at `pos`, extending the file if it ends past end of file. All or
     /// nothing: without memory for it, [`Error::NoSpace`] and the file is unchanged.
     pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize, Error> {
+        self.inner.writable()?;
         let end = end_of(pos, data.len() as u64)?;
         if data.is_empty() {
             return Ok(0);
@@ -137,6 +294,7 @@ impl File {
     /// Sets the file size. Shrinking drops the folios that lie wholly past the new end;
     /// growing adds a hole (nothing allocated, reads as zeros).
     pub fn set_len(&self, len: u64) -> Result<(), Error> {
+        self.inner.writable()?;
         if len > MAX_FILE_SIZE {
             return Err(Error::FileTooLarge { offset: len });
         }
@@ -160,6 +318,7 @@ impl File {
     /// zeros) and extends the file to `offset + len` if it is shorter (like `fallocate(2)`
     /// without `FALLOC_FL_KEEP_SIZE`). All or nothing.
     pub fn fallocate(&self, offset: u64, len: u64) -> Result<(), Error> {
+        self.inner.writable()?;
         let end = end_of(offset, len)?;
         if len == 0 {
             return Ok(());
@@ -181,6 +340,7 @@ impl File {
     /// Makes `offset..offset + len` read as zeros and frees the folios wholly inside it; folios
     /// partly inside are replaced by copies with that part zeroed. The size does not change.
     pub fn punch_hole(&self, offset: u64, len: u64) -> Result<(), Error> {
+        self.inner.writable()?;
         let end = end_of(offset, len)?;
         if len == 0 {
             return Ok(());
@@ -443,18 +603,81 @@ impl Handle {
     /// Reads up to `buf.len()` bytes at `pos`; fewer at end of file, 0 at or past it. Holes
     /// and folios that are not uptodate read as zeros. How the index is walked is the cache's
     /// [`ReadPolicy`] (see [`set_read_policy`](Self::set_read_policy)).
+    ///
+    /// For a file read from storage, a miss starts readahead (this handle's [`RaState`]) and
+    /// waits for the device; a read error is returned as [`Error::Io`] if no byte could be
+    /// read (otherwise the read is short), and a later read tries again.
     pub fn read_at(&mut self, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
+        if self.file.inner.source.is_some() {
+            return read::read_disk(&self.file.inner, &mut self.ra, buf, pos);
+        }
         let n = read::read_at(&self.file.inner, &self.policy, buf, pos)?;
         if n > 0 {
-            self.prev_pos = pos + n as u64;
+            self.ra.prev_pos = (pos + n as u64) as i64;
         }
         Ok(n)
+    }
+
+    /// This handle's readahead state (a copy).
+    pub fn ra_state(&self) -> RaState {
+        self.ra
+    }
+
+    /// Sets this handle's maximum readahead window in bytes (rounded down to pages; 0
+    /// disables readahead), and makes it the one `Advice::Normal` restores.
+    pub fn set_ra_bytes(&mut self, bytes: u64) {
+        self.ra.ra_pages = bytes >> PAGE_SHIFT;
+        self.ra.default_ra_pages = self.ra.ra_pages;
+    }
+
+    /// Advice on the access pattern (`posix_fadvise`). `WillNeed` starts reads and returns
+    /// without waiting; `DontNeed` drops idle folios (see [`File::drop_cached`]).
+    pub fn advise(&mut self, advice: Advice) -> Result<(), Error> {
+        match advice {
+            Advice::Normal => {
+                self.ra.random = false;
+                self.ra.ra_pages = self.ra.default_ra_pages;
+            }
+            Advice::Sequential => {
+                self.ra.random = false;
+                self.ra.ra_pages = self.ra.default_ra_pages * 2;
+            }
+            Advice::Random => self.ra.random = true,
+            Advice::WillNeed { offset, len } => self.readahead(offset, len)?,
+            Advice::DontNeed { offset, len } => {
+                self.file.drop_cached(offset, len);
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts reading `offset..offset + len` into the cache without waiting, as `readahead(2)`:
+    /// no heuristics, no marks, at most the larger of the window and the device's largest
+    /// request, in 2 MiB chunks. A memory file has nothing to read: [`Error::NotADiskFile`].
+    pub fn readahead(&mut self, offset: u64, len: u64) -> Result<(), Error> {
+        let inner = &self.file.inner;
+        let Some(disk) = inner.disk() else {
+            return Err(Error::NotADiskFile);
+        };
+        if len == 0 {
+            return Ok(());
+        }
+        let first = offset >> PAGE_SHIFT;
+        let last = (offset.saturating_add(len) - 1) >> PAGE_SHIFT;
+        let geometry = inner.geometry();
+        let fill = readahead::force_fill(&self.ra, first, last - first + 1, &geometry);
+        disk.ra.count(readahead::Trigger::Forced);
+        readahead::fill(inner, &mut self.ra, fill);
+        Ok(())
     }
 
     /// The bytes of `pos..pos + len` (clipped at end of file) without copying them: a run of
     /// slices, each borrowing a referenced folio (or a shared zero buffer for holes). The
     /// folios stay pinned until the run is dropped.
-    pub fn read_folios(&self, pos: u64, len: usize) -> Result<ReadRun<'_>, Error> {
+    pub fn read_folios(&mut self, pos: u64, len: usize) -> Result<ReadRun<'_>, Error> {
+        if self.file.inner.source.is_some() {
+            return read::read_folios_disk(&self.file.inner, &mut self.ra, pos, len);
+        }
         read::read_folios(&self.file.inner, pos, len)
     }
 
@@ -472,6 +695,6 @@ impl Handle {
 
     /// The byte position just after the last successful read (0 before any).
     pub fn prev_pos(&self) -> u64 {
-        self.prev_pos
+        self.ra.prev_pos.max(0) as u64
     }
 }

@@ -88,6 +88,16 @@ impl<'m> FolioBatch<'m> {
         &self.folios
     }
 
+    /// Adds a folio (a reader's own, outside an index walk).
+    pub(crate) fn push(&mut self, folio: FolioRef<'m>) {
+        self.folios.push(folio);
+    }
+
+    /// Removes the last folio (and drops its reference).
+    pub(crate) fn pop(&mut self) {
+        self.folios.pop();
+    }
+
     /// Takes the folios out of the batch.
     pub fn drain(&mut self) -> arrayvec::Drain<'_, FolioRef<'m>, BATCH_SIZE> {
         self.folios.drain(..)

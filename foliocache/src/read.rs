@@ -23,9 +23,12 @@
 use crate::cache::{Policy, ReadPolicy, SmallReadPolicy};
 use crate::error::Error;
 use crate::file::FileInner;
+use crate::io::ReadRequest;
 use crate::mapping::{BatchEnd, FolioBatch, Mapping, OPTIMISTIC_MAX, Optimistic};
-use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE};
+use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE, flag};
+use crate::readahead::{self, RaState};
 use std::ops::Deref;
+use std::sync::Arc;
 
 /// Reads of at most this many bytes within one page may take the optimistic path
 /// ([`SmallReadPolicy::Optimistic`]).
@@ -314,3 +317,227 @@ pub(crate) fn read_folios(file: &FileInner, pos: u64, len: usize) -> Result<Read
 }
 
 const _: () = assert!(PAGE_SIZE <= ZEROS.len());
+
+/// Reads from a file backed by storage: the kernel's `filemap_read` (spec §5.1–5.6). Misses
+/// start readahead and wait for the device; a folio carrying the READAHEAD mark starts the
+/// next window before its own bytes are waited for.
+pub(crate) fn read_disk(
+    file: &Arc<FileInner>,
+    ra: &mut RaState,
+    buf: &mut [u8],
+    pos: u64,
+) -> Result<usize, Error> {
+    let mapping = &file.mapping;
+    let size = mapping.size();
+    if buf.is_empty() || pos >= size {
+        return Ok(0);
+    }
+    let end = pos + (size - pos).min(buf.len() as u64);
+    let last = (end - 1) >> PAGE_SHIFT;
+    let mut at = pos;
+    let mut batch = FolioBatch::new();
+    let mut failure = None;
+    while at < end {
+        if let Err(error) = get_pages(file, ra, at >> PAGE_SHIFT, last, &mut batch) {
+            failure = Some(error);
+            break;
+        }
+        for folio in batch.folios() {
+            let first = folio.index() << PAGE_SHIFT;
+            let Some(bytes) = folio.bytes() else { break };
+            if first > at || at >= end {
+                break;
+            }
+            let n = ((first + bytes.len() as u64).min(end) - at) as usize;
+            let done = (at - pos) as usize;
+            let from = (at - first) as usize;
+            buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+            at += n as u64;
+        }
+        batch.clear();
+    }
+    let n = (at - pos) as usize;
+    match failure {
+        Some(error) if n == 0 => Err(error),
+        _ => {
+            ra.prev_pos = at as i64;
+            Ok(n)
+        }
+    }
+}
+
+/// The zero-copy read of a file backed by storage: like [`read_disk`], but the run borrows the
+/// folios.
+pub(crate) fn read_folios_disk<'f>(
+    file: &'f Arc<FileInner>,
+    ra: &mut RaState,
+    pos: u64,
+    len: usize,
+) -> Result<ReadRun<'f>, Error> {
+    let mapping = &file.mapping;
+    let size = mapping.size();
+    let mut run = ReadRun::default();
+    if len == 0 || pos >= size {
+        return Ok(run);
+    }
+    let end = pos + (size - pos).min(len as u64);
+    let last = (end - 1) >> PAGE_SHIFT;
+    let mut at = pos;
+    let mut batch = FolioBatch::new();
+    while at < end {
+        if let Err(error) = get_pages(file, ra, at >> PAGE_SHIFT, last, &mut batch) {
+            if run.len == 0 {
+                return Err(error);
+            }
+            break;
+        }
+        for folio in batch.drain() {
+            let first = folio.index() << PAGE_SHIFT;
+            if first > at || at >= end || !folio.is_uptodate() {
+                break;
+            }
+            let n = ((first + folio.len() as u64).min(end) - at) as usize;
+            run.len += n;
+            run.slices.push(Slice::Folio {
+                folio,
+                start: (at - first) as usize,
+                len: n,
+            });
+            at += n as u64;
+        }
+    }
+    ra.prev_pos = at as i64;
+    Ok(run)
+}
+
+/// The kernel's `filemap_get_pages`: fills `batch` with uptodate folios from page `index`
+/// (at most to `last`), starting readahead on a miss or a mark and waiting for the device
+/// where it must. On success the batch holds at least one folio, all uptodate.
+fn get_pages<'f>(
+    file: &'f Arc<FileInner>,
+    ra: &mut RaState,
+    index: u64,
+    last: u64,
+    batch: &mut FolioBatch<'f>,
+) -> Result<(), Error> {
+    let mapping = &file.mapping;
+    let disk = file.disk().ok_or(Error::NotADiskFile)?;
+    loop {
+        mapping.get_read_batch(index, last, BatchEnd::AtNotReady, batch);
+        if batch.is_empty() {
+            let (trigger, fill) =
+                readahead::sync_ra(ra, index, last + 1 - index, &file.geometry(), mapping);
+            disk.ra.count(trigger);
+            readahead::fill(file, ra, fill);
+            mapping.get_read_batch(index, last, BatchEnd::AtNotReady, batch);
+            if batch.is_empty() {
+                // Readahead read nothing here (disabled, out of memory, or raced): read this
+                // one page ourselves.
+                match create_folio(file, index)? {
+                    Some(folio) => batch.push(folio),
+                    None => continue,
+                }
+            }
+        }
+        let Some(tail) = batch.folios().last() else {
+            continue;
+        };
+        if tail.test(flag::READAHEAD) && tail.clear(flag::READAHEAD) {
+            // The next window starts before this one's bytes are waited for.
+            let (tail_index, tail_pages) = (tail.index(), tail.nr_pages() as u64);
+            let geometry = file.geometry();
+            let request = (last + 1).saturating_sub(tail_index).max(1);
+            match readahead::async_ra(ra, tail_index, tail_pages, request, &geometry, mapping) {
+                Some((trigger, fill)) => {
+                    disk.ra.count(trigger);
+                    readahead::fill(file, ra, fill);
+                }
+                None => disk.ra.async_skipped.inc(),
+            }
+        }
+        let Some(tail) = batch.folios().last() else {
+            continue;
+        };
+        if tail.is_uptodate() {
+            return Ok(());
+        }
+        if batch.len() > 1 {
+            // Copy the uptodate prefix now; come back for the rest.
+            batch.pop();
+            return Ok(());
+        }
+        match update_page(file, ra, tail)? {
+            true => return Ok(()),
+            false => batch.clear(),
+        }
+    }
+}
+
+/// The kernel's `filemap_update_page` for a folio that is not uptodate: waits for a read in
+/// flight, or reads it synchronously if none is (readahead skipped it, or its read failed).
+/// Returns whether the folio is now uptodate and still in the file (`false`: look it up again).
+fn update_page(file: &FileInner, ra: &mut RaState, folio: &FolioRef<'_>) -> Result<bool, Error> {
+    let mapping = &file.mapping;
+    if !folio.try_lock() {
+        // A read in flight: wait for it, then look again (it may have failed, or the folio
+        // may have left the file meanwhile).
+        folio.wait_unlocked();
+        return Ok(folio.is_uptodate() && folio.mapping_id() == mapping.id());
+    }
+    if folio.mapping_id() != mapping.id() {
+        folio.unlock();
+        return Ok(false);
+    }
+    if folio.is_uptodate() {
+        folio.unlock();
+        return Ok(true);
+    }
+    read_locked_folio(file, ra, folio)?;
+    Ok(true)
+}
+
+/// Reads one locked folio that is in the file, synchronously (`filemap_read_folio`). On
+/// failure the folio is left not uptodate (a later read tries again) and this reader's window
+/// shrinks 4× (a failing device should not be hammered with large reads).
+fn read_locked_folio(
+    file: &FileInner,
+    ra: &mut RaState,
+    folio: &FolioRef<'_>,
+) -> Result<(), Error> {
+    let disk = file.disk().ok_or(Error::NotADiskFile)?;
+    disk.ra.read_folio.inc();
+    folio.clear(flag::ERROR);
+    let offset = folio.index() << PAGE_SHIFT;
+    disk.backend.submit(vec![ReadRequest::new(
+        Arc::clone(&file.cache_inner),
+        Arc::clone(&disk.io),
+        vec![folio.id()],
+        offset,
+        disk.backend.size(),
+    )]);
+    folio.wait_unlocked();
+    if folio.is_uptodate() {
+        return Ok(());
+    }
+    ra.ra_pages /= 4;
+    Err(Error::Io {
+        offset,
+        len: folio.len() as u64,
+        source: disk.io.last_error(),
+    })
+}
+
+/// The kernel's `filemap_create_folio`: readahead produced no folio at `index`, so insert one
+/// page and read it. `None` if another reader inserted one first (look it up again).
+fn create_folio<'f>(file: &'f Arc<FileInner>, index: u64) -> Result<Option<FolioRef<'f>>, Error> {
+    let folio = file.cache().alloc_for_readahead(0)?;
+    match file.mapping.add_folio(&folio, index) {
+        Ok(_) => {}
+        Err(Error::Exists { .. }) => return Ok(None),
+        Err(error) => return Err(error),
+    }
+    file.cache_inner.reclaim.track(file, &[(index, folio.id())]);
+    let mut scratch = RaState::new(0);
+    read_locked_folio(file, &mut scratch, &folio)?;
+    Ok(Some(folio))
+}

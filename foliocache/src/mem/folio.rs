@@ -94,7 +94,13 @@ impl FolioDesc {
         self.flags.fetch_or(flag::LOCKED, Ordering::Acquire) & flag::LOCKED == 0
     }
 
-    fn unlock_with(&self, also_set: u32) {
+    pub(crate) fn is_locked(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & flag::LOCKED != 0
+    }
+
+    /// Unlocks, setting `also_set` first (release: a waiter that sees the lock free sees
+    /// them, and the bytes written before).
+    pub(crate) fn unlock_with(&self, also_set: u32) {
         if also_set != 0 {
             self.flags.fetch_or(also_set, Ordering::Release);
         }

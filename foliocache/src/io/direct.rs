@@ -1,0 +1,219 @@
+//! The direct-file backend: a file opened with O_DIRECT, read by the cache's I/O engine.
+
+use super::{Backend, ReadRequest, threads, uring};
+use crate::error::Error;
+use std::fmt;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Which I/O engine a cache uses for files opened from storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineKind {
+    /// io_uring if the kernel allows it, else the thread pool (the default).
+    #[default]
+    Auto,
+    /// io_uring only (opening a file fails if io_uring is unavailable).
+    IoUring,
+    /// A small pool of threads doing `preadv`.
+    Threads,
+}
+
+/// The running engine of a cache.
+pub(crate) enum Engine {
+    Uring(uring::Uring),
+    Threads(threads::Pool),
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Engine {
+    /// Starts an engine of the asked kind; `Auto` falls back to threads when io_uring cannot
+    /// be set up (disabled by `io_uring_disabled`, a seccomp filter, an old kernel).
+    pub(crate) fn start(kind: EngineKind) -> Result<Self, Error> {
+        match kind {
+            EngineKind::IoUring => uring::Uring::start()
+                .map(Engine::Uring)
+                .map_err(Error::Engine),
+            EngineKind::Threads => Ok(Engine::Threads(threads::Pool::start()?)),
+            EngineKind::Auto => match uring::Uring::start() {
+                Ok(ring) => Ok(Engine::Uring(ring)),
+                Err(_) => Ok(Engine::Threads(threads::Pool::start()?)),
+            },
+        }
+    }
+
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Engine::Uring(_) => "io_uring",
+            Engine::Threads(_) => "threads (preadv)",
+        }
+    }
+
+    /// Starts the reads of one batch on `fd`. With `drop_behind`, the kernel's cached copy of
+    /// each range is dropped after it was read (the buffered fallback).
+    pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, requests: Vec<ReadRequest>, drop_behind: bool) {
+        match self {
+            Engine::Uring(ring) => ring.submit(fd, requests, drop_behind),
+            Engine::Threads(pool) => pool.submit(fd, requests, drop_behind),
+        }
+    }
+}
+
+/// How a [`DirectFile`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoMode {
+    /// O_DIRECT: the device writes straight into the cache's folios.
+    Direct,
+    /// Buffered reads through the kernel's page cache, its copy dropped after each read
+    /// (`POSIX_FADV_DONTNEED`); chosen explicitly with [`OpenOptions::buffered_fallback`]. On
+    /// tmpfs the kernel's copy *is* the file, so it stays.
+    Buffered,
+}
+
+/// Options for opening a file from storage.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    pub(crate) buffered_fallback: bool,
+    pub(crate) max_order: Option<u8>,
+}
+
+impl OpenOptions {
+    /// The defaults: O_DIRECT required, folios up to the cache's max order.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// When the file system has no real direct I/O (tmpfs, or O_DIRECT refused), read through
+    /// the kernel's page cache instead of failing with [`Error::NoDirectIo`].
+    pub fn buffered_fallback(mut self, on: bool) -> Self {
+        self.buffered_fallback = on;
+        self
+    }
+
+    /// The largest folio order readahead uses for this file (default: the cache's max order;
+    /// 0 reads in 4 KiB folios only, like a mapping without large-folio support).
+    pub fn max_order(mut self, order: u8) -> Self {
+        self.max_order = Some(order);
+        self
+    }
+}
+
+/// tmpfs's `statfs` magic: it accepts O_DIRECT but keeps the data in the page cache anyway.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// A file opened from storage, read by the cache's I/O engine.
+pub struct DirectFile {
+    path: PathBuf,
+    fd: Arc<OwnedFd>,
+    size: u64,
+    mode: IoMode,
+    engine: Arc<Engine>,
+}
+
+impl fmt::Debug for DirectFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DirectFile")
+            .field("path", &self.path)
+            .field("size", &self.size)
+            .field("mode", &self.mode)
+            .field("engine", &self.engine.name())
+            .finish()
+    }
+}
+
+impl DirectFile {
+    pub(crate) fn open(
+        path: &Path,
+        options: OpenOptions,
+        engine: Arc<Engine>,
+    ) -> Result<Self, Error> {
+        let open_error = |source| Error::Open {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(open_error)?;
+        if !meta.is_file() {
+            return Err(open_error(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path);
+        let refused = match direct {
+            Ok(file) => {
+                let stat =
+                    rustix::fs::fstatfs(file.as_fd()).map_err(|errno| open_error(errno.into()))?;
+                #[allow(clippy::cast_lossless, clippy::unnecessary_cast)]
+                if stat.f_type as i64 == TMPFS_MAGIC {
+                    Err((file, "tmpfs keeps every file in the page cache".to_owned()))
+                } else {
+                    Ok(file)
+                }
+            }
+            Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
+                let plain = std::fs::File::open(path).map_err(open_error)?;
+                Err((plain, "O_DIRECT is refused".to_owned()))
+            }
+            Err(error) => return Err(open_error(error)),
+        };
+        let (file, mode) = match refused {
+            Ok(file) => (file, IoMode::Direct),
+            Err((_, reason)) if !options.buffered_fallback => {
+                return Err(Error::NoDirectIo {
+                    path: path.to_owned(),
+                    reason,
+                });
+            }
+            Err(_) => (
+                std::fs::File::open(path).map_err(open_error)?,
+                IoMode::Buffered,
+            ),
+        };
+        let meta = file.metadata().map_err(open_error)?;
+        Ok(Self {
+            path: path.to_owned(),
+            fd: Arc::new(OwnedFd::from(file)),
+            size: meta.len(),
+            mode,
+            engine,
+        })
+    }
+
+    /// How this file is read.
+    pub fn mode(&self) -> IoMode {
+        self.mode
+    }
+
+    /// The path it was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Backend for DirectFile {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn submit(&self, requests: Vec<ReadRequest>) {
+        self.engine
+            .submit(&self.fd, requests, self.mode == IoMode::Buffered);
+    }
+
+    fn describe(&self) -> String {
+        let mode = match self.mode {
+            IoMode::Direct => "O_DIRECT",
+            IoMode::Buffered => "buffered (explicit fallback)",
+        };
+        format!("{mode} via {}", self.engine.name())
+    }
+}

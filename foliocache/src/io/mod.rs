@@ -1,0 +1,301 @@
+//! Where a file's bytes come from: the [`Backend`] trait (the kernel's `->readahead` and
+//! `->read_folio`), the direct-file backend and the I/O engines behind it.
+//!
+//! Readahead hands a backend a list of [`ReadRequest`]s, one per contiguous run of locked,
+//! not-uptodate folios (split at [`MAX_IO_BYTES`] so one window becomes several I/Os in
+//! flight). The backend starts them and returns; each request is completed later, on any thread,
+//! with [`ReadRequest::complete`], which marks its folios uptodate (or failed), unlocks them and
+//! wakes their waiters: `folio_end_read` in the kernel. A request dropped without being completed
+//! completes as failed, so no reader can wait forever on a folio whose read was lost.
+//!
+//! Engines ([`EngineKind`]): io_uring (one ring per cache, one submission per readahead batch,
+//! a completion thread standing in for the kernel's interrupt), or a small pool of threads doing
+//! `preadv` when io_uring is unavailable. The choice is automatic and reported
+//! ([`crate::Cache::io_engine`]).
+//!
+//! `unsafe` in this module is limited to the raw I/O: handing folio memory to the kernel (or to
+//! a backend as `&mut [u8]`) while the folio is locked and not uptodate, and the io_uring
+//! submission and completion queues.
+
+mod direct;
+mod threads;
+mod uring;
+
+pub(crate) use direct::Engine;
+pub use direct::{DirectFile, EngineKind, IoMode, OpenOptions};
+
+use crate::cache::CacheInner;
+use crate::mem::{PAGE_SIZE, flag};
+use crate::sync::unmodelled::Counter;
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+
+/// The largest single I/O readahead submits: a window is split into requests of at most this
+/// many bytes, so a large window keeps several I/Os in flight (the device here is fastest at
+/// 128 KiB and queue depth 32, see `baselines.md` §6).
+pub const MAX_IO_BYTES: usize = 128 << 10;
+
+/// Where a file's bytes come from (the kernel's address-space operations for reads).
+///
+/// [`submit`](Self::submit) starts reads and returns; each request must eventually be completed
+/// with [`ReadRequest::complete`] (from any thread), or dropped, which completes it as failed.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// The file size in bytes.
+    fn size(&self) -> u64;
+
+    /// Starts the reads (one readahead batch). Requests are contiguous runs of whole pages at
+    /// page-aligned offsets.
+    fn submit(&self, requests: Vec<ReadRequest>);
+
+    /// A short description for reports (engine, mode).
+    fn describe(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+/// I/O counters of one file (a snapshot).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Read requests completed.
+    pub requests: u64,
+    /// Bytes asked for by completed requests.
+    pub bytes: u64,
+    /// Requests that failed (their folios are left not uptodate, with the ERROR flag).
+    pub errors: u64,
+    /// Requests that read fewer bytes than asked because the file ended.
+    pub short_at_eof: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct IoCounters {
+    requests: Counter,
+    bytes: Counter,
+    errors: Counter,
+    short_at_eof: Counter,
+    /// The last failed read's errno (-1: an error without one), 0 if none yet.
+    last_errno: std::sync::atomic::AtomicI32,
+}
+
+impl IoCounters {
+    /// The error of the last failed read, as well as it is known.
+    pub(crate) fn last_error(&self) -> io::Error {
+        match self.last_errno.load(crate::sync::Ordering::Relaxed) {
+            errno if errno > 0 => io::Error::from_raw_os_error(errno),
+            _ => io::Error::other("the backend reported a read error"),
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> IoStats {
+        IoStats {
+            requests: self.requests.get(),
+            bytes: self.bytes.get(),
+            errors: self.errors.get(),
+            short_at_eof: self.short_at_eof.get(),
+        }
+    }
+}
+
+/// A read of a contiguous run of locked, not-uptodate folios from one file offset: what a
+/// backend is handed. It holds a reference on each folio until it completes.
+pub struct ReadRequest {
+    cache: Arc<CacheInner>,
+    counters: Arc<IoCounters>,
+    /// Folio ids, in file order; each holds one reference taken for this request.
+    folios: Vec<u32>,
+    offset: u64,
+    len: usize,
+    /// The file size when the read was issued: bytes past it are zero-filled.
+    file_size: u64,
+    completed: bool,
+}
+
+impl fmt::Debug for ReadRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadRequest")
+            .field("offset", &self.offset)
+            .field("len", &self.len)
+            .field("folios", &self.folios.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReadRequest {
+    /// A request for `folios` (ids, in file order, locked and not uptodate, contiguous in the
+    /// file from byte `offset`). Takes a reference on each.
+    pub(crate) fn new(
+        cache: Arc<CacheInner>,
+        counters: Arc<IoCounters>,
+        folios: Vec<u32>,
+        offset: u64,
+        file_size: u64,
+    ) -> Self {
+        let mut len = 0;
+        for &pfn in &folios {
+            let desc = cache.mem.desc(pfn);
+            debug_assert!(desc.is_locked(), "a read target must be locked");
+            desc.refcount.get();
+            len += PAGE_SIZE << desc.order.load(crate::sync::Ordering::Relaxed);
+        }
+        Self {
+            cache,
+            counters,
+            folios,
+            offset,
+            len,
+            file_size,
+            completed: false,
+        }
+    }
+
+    /// The file offset of the first byte to read (a multiple of the page size).
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Bytes to read (a multiple of the page size).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a request reads at least one page.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The number of folios the request fills.
+    pub fn folio_count(&self) -> usize {
+        self.folios.len()
+    }
+
+    /// The destination, one `(file offset, bytes)` piece per folio, for backends that fill
+    /// folios themselves (a test backend, a memory backend).
+    pub fn targets(&mut self) -> Vec<(u64, &mut [u8])> {
+        let mut offset = self.offset;
+        let mut out = Vec::with_capacity(self.folios.len());
+        for &pfn in &self.folios {
+            let len = self.folio_len(pfn);
+            // SAFETY: the folio is referenced by this request (not freed or reused), locked and
+            // not uptodate until `complete` runs, and that is the state in which only the lock
+            // holder (the read in progress, i.e. this request) writes its bytes and nobody
+            // reads them (readers copy only uptodate folios; optimistic readers validate the
+            // uptodate bit after copying and discard what they copied). The folios of one
+            // request are distinct, and `&mut self` keeps the slices from outliving the
+            // request or aliasing another call's.
+            let bytes =
+                unsafe { std::slice::from_raw_parts_mut(self.cache.mem.page_ptr(pfn), len) };
+            out.push((offset, bytes));
+            offset += len as u64;
+        }
+        out
+    }
+
+    fn folio_len(&self, pfn: u32) -> usize {
+        PAGE_SIZE
+            << self
+                .cache
+                .mem
+                .desc(pfn)
+                .order
+                .load(crate::sync::Ordering::Relaxed)
+    }
+
+    /// The destination as I/O vectors (folios adjacent in the arena merged into one vector).
+    /// Valid until the request completes; see `targets` for why the kernel may write there.
+    pub(crate) fn io_vectors(&self) -> Vec<libc::iovec> {
+        let mut out: Vec<libc::iovec> = Vec::with_capacity(self.folios.len());
+        for &pfn in &self.folios {
+            let base = self.cache.mem.page_ptr(pfn);
+            let len = self.folio_len(pfn);
+            if let Some(last) = out.last_mut()
+                && last.iov_base.cast::<u8>().wrapping_add(last.iov_len) == base
+            {
+                last.iov_len += len;
+                continue;
+            }
+            out.push(libc::iovec {
+                iov_base: base.cast(),
+                iov_len: len,
+            });
+        }
+        out
+    }
+
+    /// Ends the read: with `Ok(n)`, the first `n` bytes arrived. Folios fully covered become
+    /// uptodate; when the read stopped at end of file, the rest of the last folio is zeroed
+    /// and it becomes uptodate too; any other folio (a short read before end of file, or an
+    /// error) is left not uptodate with the ERROR flag. All are unlocked and their waiters
+    /// woken.
+    pub fn complete(mut self, result: io::Result<usize>) {
+        self.finish(result);
+    }
+
+    fn finish(&mut self, result: io::Result<usize>) {
+        if self.completed {
+            return;
+        }
+        self.completed = true;
+        self.counters.requests.inc();
+        self.counters.bytes.add(self.len as u64);
+        let arrived = match result {
+            Ok(n) => n.min(self.len),
+            Err(error) => {
+                self.counters.errors.inc();
+                self.counters.last_errno.store(
+                    error.raw_os_error().unwrap_or(-1),
+                    crate::sync::Ordering::Relaxed,
+                );
+                0
+            }
+        };
+        let at_eof = self.offset + arrived as u64 >= self.file_size;
+        if arrived < self.len && at_eof {
+            self.counters.short_at_eof.inc();
+        }
+        let mut start = 0usize;
+        let mut failed = false;
+        for k in 0..self.folios.len() {
+            let pfn = self.folios[k];
+            let len = self.folio_len(pfn);
+            let ok = if start + len <= arrived {
+                true
+            } else if at_eof {
+                let from = arrived.saturating_sub(start);
+                // SAFETY: as in `targets`: referenced, locked, not uptodate, written only by
+                // this request, which no one else touches now that the I/O has ended.
+                let bytes =
+                    unsafe { std::slice::from_raw_parts_mut(self.cache.mem.page_ptr(pfn), len) };
+                bytes[from..].fill(0);
+                true
+            } else {
+                false
+            };
+            failed |= !ok;
+            let desc = self.cache.mem.desc(pfn);
+            if ok {
+                desc.flags
+                    .fetch_and(!flag::ERROR, crate::sync::Ordering::Relaxed);
+            }
+            desc.unlock_with(if ok { flag::UPTODATE } else { flag::ERROR });
+            start += len;
+        }
+        if failed && arrived > 0 {
+            // A short read before end of file.
+            self.counters.errors.inc();
+            self.counters
+                .last_errno
+                .store(libc::EIO, crate::sync::Ordering::Relaxed);
+        }
+        for &pfn in &self.folios {
+            self.cache.mem.put(pfn);
+        }
+    }
+}
+
+impl Drop for ReadRequest {
+    fn drop(&mut self) {
+        // A request lost on the way (a backend that dropped it, an engine shutting down):
+        // fail its folios rather than leave readers waiting on their locks.
+        self.finish(Err(io::Error::other("read request dropped")));
+    }
+}

@@ -1,0 +1,752 @@
+//! Readahead: the kernel's ondemand algorithm (newest form, `kernel-read-path.md` §4) and the
+//! window fill, batched (seed 000/003) or one folio per lock hold.
+//!
+//! The decisions are pure functions of a reader's [`RaState`], the request and what the index
+//! holds (through [`Probe`]): [`sync_ra`] on a miss, [`async_ra`] on a folio carrying the
+//! READAHEAD mark, [`force_ra`] for `readahead(2)`/`WillNeed`. Each returns a [`Fill`]: which
+//! pages to insert, in which folio orders, and where the next mark goes. [`fill`] then
+//! allocates, inserts and submits the reads.
+//!
+//! The fill, by `Policy::insert`:
+//! - `Batched`: allocate every folio of the window first (outside any lock), then insert each
+//!   contiguous run with one hold of the mapping's lock; a folio already present ends the run:
+//!   what went in is kept, the present page is skipped, the rest goes on. If the window cannot
+//!   be allocated in full, the memory is handed back and the fill continues one by one.
+//! - `Single`: the loop before the seed: for each page, check the index, allocate, insert
+//!   under its own lock hold.
+//!
+//! Both insert the same folios at the same indexes and set the same mark, and both hand the
+//! backend one batch of requests (one per contiguous run, split at `MAX_IO_BYTES`).
+
+use crate::cache::InsertPolicy;
+use crate::error::Error;
+use crate::file::FileInner;
+use crate::index::RangeStop;
+use crate::io::{MAX_IO_BYTES, ReadRequest};
+use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE, flag};
+use crate::sync::unmodelled::Counter;
+use std::sync::Arc;
+
+/// The kernel's default maximum window (`VM_READAHEAD_PAGES`): 128 KiB.
+pub const DEFAULT_RA_PAGES: u64 = 32;
+/// The forced path reads in chunks of this many pages (2 MiB).
+const FORCE_CHUNK_PAGES: u64 = 512;
+
+/// One reader's readahead state (the kernel's `file_ra_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RaState {
+    /// First page of the most recent window.
+    pub start: u64,
+    /// Pages in it.
+    pub size: u64,
+    /// Its speculative tail; the mark sits on page `start + size - async_size`.
+    pub async_size: u64,
+    /// Folio order of the most recent window (the async path ramps it by 2).
+    pub order: u8,
+    /// Maximum window in pages (0 disables readahead).
+    pub ra_pages: u64,
+    /// The window the file started with (`Advice::Normal` restores it).
+    pub default_ra_pages: u64,
+    /// Byte position just after the previous read; -1 before any.
+    pub prev_pos: i64,
+    /// `Advice::Random`: no heuristics, read exactly what is asked.
+    pub random: bool,
+}
+
+impl RaState {
+    /// A fresh state with a maximum window of `ra_pages` pages.
+    pub fn new(ra_pages: u64) -> Self {
+        Self {
+            start: 0,
+            size: 0,
+            async_size: 0,
+            order: 0,
+            ra_pages,
+            default_ra_pages: ra_pages,
+            prev_pos: -1,
+            random: false,
+        }
+    }
+
+    /// The page of the mark the last window set (where the async path expects to be called).
+    pub fn mark_index(&self) -> u64 {
+        self.start + self.size - self.async_size
+    }
+}
+
+/// What the decisions need to know about the file and the index.
+pub(crate) trait Probe {
+    /// The last page index at or before `index` with no folio, scanning at most `max_scan`
+    /// (`u64::MAX` if everything back to page 0 is cached).
+    fn prev_miss(&self, index: u64, max_scan: u64) -> u64;
+    /// The first page index at or after `index` with no folio, scanning at most `max_scan`.
+    fn next_miss(&self, index: u64, max_scan: u64) -> u64;
+}
+
+/// The fixed facts a fill is planned against.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Geometry {
+    /// The file's largest folio order (0: no large folios).
+    pub(crate) max_order: u8,
+    /// The device's largest I/O in pages (`bdi->io_pages`).
+    pub(crate) io_pages: u64,
+    /// The file size in bytes.
+    pub(crate) file_size: u64,
+}
+
+impl Geometry {
+    fn last_page(&self) -> Option<u64> {
+        self.file_size.checked_sub(1).map(|last| last >> PAGE_SHIFT)
+    }
+}
+
+/// Which decision made a fill (for counters and traces).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A miss that starts (or restarts) a sequential stream.
+    SyncFresh,
+    /// A miss preceded by cached pages: a stream whose state was lost, sized from history.
+    SyncContext,
+    /// A small random read: only the request is read.
+    SyncRandom,
+    /// Readahead forced (random mode, `readahead()`, `WillNeed`).
+    Forced,
+    /// The mark of the last window was hit: the pipelined continuation.
+    AsyncPipelined,
+    /// A mark not from this reader's last window (interleaved streams): recovered from the index.
+    AsyncRecovered,
+}
+
+/// Pages to read: either laid out in large folios (`page_cache_ra_order`) or in order-0 pages
+/// (`do_page_cache_ra`), with the lookahead that places the mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fill {
+    /// `page_cache_ra_order` for the window in `ra` (start, size, async_size, order).
+    Window,
+    /// `do_page_cache_ra(start, count, lookahead)`.
+    Pages {
+        start: u64,
+        count: u64,
+        lookahead: u64,
+    },
+    /// `force_page_cache_ra(start, count)`: 2 MiB chunks of pages, no mark.
+    Forced { start: u64, count: u64 },
+}
+
+/// `get_init_ra_size`: the first window for a request of `req` pages.
+pub fn init_ra_size(req: u64, max: u64) -> u64 {
+    let p = req.max(1).next_power_of_two();
+    if p <= max / 32 {
+        4 * p
+    } else if p <= max / 4 {
+        2 * p
+    } else {
+        max
+    }
+}
+
+/// `get_next_ra_size`: the window after one of `cur` pages.
+pub fn next_ra_size(cur: u64, max: u64) -> u64 {
+    if cur < max / 16 {
+        4 * cur
+    } else if cur <= max / 2 {
+        2 * cur
+    } else {
+        max
+    }
+}
+
+/// `ractl_max_pages`: the window limit for a request of `req` pages.
+fn max_pages(ra: &RaState, req: u64, geometry: &Geometry) -> u64 {
+    let mut max = ra.ra_pages;
+    if req > max && geometry.io_pages > max {
+        max = req.min(geometry.io_pages);
+    }
+    max
+}
+
+/// `page_cache_sync_ra`: a reader needs page `index` (and `req` pages from it) and found
+/// nothing cached there.
+pub(crate) fn sync_ra(
+    ra: &mut RaState,
+    index: u64,
+    req: u64,
+    geometry: &Geometry,
+    probe: &impl Probe,
+) -> (Trigger, Fill) {
+    let mut req = req.max(1);
+    let mut forced = ra.random;
+    if ra.ra_pages == 0 {
+        req = 1;
+        forced = true;
+    }
+    if forced {
+        return (Trigger::Forced, force_fill(ra, index, req, geometry));
+    }
+    let max = max_pages(ra, req, geometry);
+    let prev_index = (ra.prev_pos as u64) >> PAGE_SHIFT;
+    let trigger = if index == 0 || req > max || index.wrapping_sub(prev_index) <= 1 {
+        ra.size = init_ra_size(req, max);
+        ra.async_size = if ra.size > req {
+            ra.size - req
+        } else {
+            ra.size / 2
+        };
+        Trigger::SyncFresh
+    } else {
+        let miss = probe.prev_miss(index.wrapping_sub(1), max);
+        let mut contig = index.wrapping_sub(miss).wrapping_sub(1);
+        if contig <= req {
+            return (
+                Trigger::SyncRandom,
+                Fill::Pages {
+                    start: index,
+                    count: req,
+                    lookahead: 0,
+                },
+            );
+        }
+        if miss == u64::MAX {
+            // Cached all the way back to page 0: a long-running stream.
+            contig = contig.saturating_mul(2);
+        }
+        ra.size = contig.saturating_add(req).min(max);
+        ra.async_size = 1;
+        Trigger::SyncContext
+    };
+    ra.start = index;
+    ra.order = 0;
+    (trigger, Fill::Window)
+}
+
+/// `page_cache_async_ra`: a reader found the READAHEAD mark on the folio at `folio_index`
+/// (`folio_pages` long) and wants `req` pages from there. The caller has cleared the mark.
+/// Returns `None` when nothing is to be read.
+pub(crate) fn async_ra(
+    ra: &mut RaState,
+    folio_index: u64,
+    folio_pages: u64,
+    req: u64,
+    geometry: &Geometry,
+    probe: &impl Probe,
+) -> Option<(Trigger, Fill)> {
+    if ra.ra_pages == 0 {
+        return None;
+    }
+    let max = max_pages(ra, req, geometry);
+    let expected = ra.mark_index() & !(folio_pages.max(1) - 1);
+    let trigger = if folio_index == expected {
+        ra.start += ra.size;
+        ra.size = ra.size.max(next_ra_size(ra.size, max));
+        Trigger::AsyncPipelined
+    } else {
+        let start = probe.next_miss(folio_index + 1, max);
+        if start == 0 || start - folio_index > max {
+            return None;
+        }
+        ra.start = start;
+        ra.size = next_ra_size(start - folio_index + req, max);
+        Trigger::AsyncRecovered
+    };
+    // Ramp the folio order up and end the window on a natural boundary of it.
+    ra.order = ra.order.saturating_add(2);
+    let align_order = u32::from(ra.order).min(max.trailing_zeros());
+    let align = 1u64 << align_order.min(63);
+    let end = ra.start + ra.size;
+    let aligned_end = end & !(align - 1);
+    if aligned_end > ra.start {
+        ra.size -= end - aligned_end;
+    }
+    ra.async_size = ra.size;
+    Some((trigger, Fill::Window))
+}
+
+/// `force_page_cache_ra`: read `req` pages from `index` with no heuristics and no mark (the
+/// request is clamped to the larger of the device's I/O size and the window).
+pub(crate) fn force_fill(ra: &RaState, index: u64, req: u64, geometry: &Geometry) -> Fill {
+    let max = geometry.io_pages.max(ra.ra_pages).max(1);
+    Fill::Forced {
+        start: index,
+        count: req.min(max),
+    }
+}
+
+/// One folio of a planned fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub(crate) index: u64,
+    pub(crate) order: u8,
+    pub(crate) mark: bool,
+}
+
+/// `page_cache_ra_order`'s layout of the window in `ra`: naturally aligned folios of the
+/// window's order (smaller at misaligned starts and near the end), the mark on the folio
+/// holding `start + size - async_size`, none when the window reaches end of file. Updates
+/// `ra.order` to the order used. `None` for a file without large folios (the caller reads the
+/// window in pages).
+pub(crate) fn window_layout(ra: &mut RaState, geometry: &Geometry) -> Option<Vec<Slot>> {
+    if geometry.max_order == 0 {
+        ra.order = 0;
+        return None;
+    }
+    let last = geometry.last_page()?;
+    let start = ra.start;
+    if start > last || ra.size == 0 {
+        return Some(Vec::new());
+    }
+    let (limit, mark) = if last > start + ra.size - 1 {
+        (start + ra.size - 1, Some(start + ra.size - ra.async_size))
+    } else {
+        (last, None)
+    };
+    let new_order = ra
+        .order
+        .min(geometry.max_order)
+        .min(ra.size.ilog2().min(63) as u8);
+    ra.order = new_order;
+    let mut slots = Vec::new();
+    let mut index = start;
+    while index <= limit {
+        let mut order = new_order;
+        if index & ((1u64 << order) - 1) != 0 {
+            order = index.trailing_zeros() as u8;
+        }
+        while order > 0 && index + (1u64 << order) - 1 > limit {
+            order -= 1;
+        }
+        let nr = 1u64 << order;
+        slots.push(Slot {
+            index,
+            order,
+            mark: mark.is_some_and(|mark| index == mark & !(nr - 1)),
+        });
+        index += nr;
+    }
+    Some(slots)
+}
+
+/// `do_page_cache_ra`'s layout: `count` order-0 pages from `start`, clipped at end of file
+/// (then with no mark), the mark `lookahead` pages before the end.
+pub(crate) fn pages_layout(
+    start: u64,
+    count: u64,
+    lookahead: u64,
+    geometry: &Geometry,
+) -> Vec<Slot> {
+    let Some(last) = geometry.last_page() else {
+        return Vec::new();
+    };
+    if start > last || count == 0 {
+        return Vec::new();
+    }
+    let (count, lookahead) = if count > last - start + 1 {
+        (last - start + 1, 0)
+    } else {
+        (count, lookahead)
+    };
+    let mark = (lookahead > 0 && lookahead <= count).then(|| start + count - lookahead);
+    (start..start + count)
+        .map(|index| Slot {
+            index,
+            order: 0,
+            mark: Some(index) == mark,
+        })
+        .collect()
+}
+
+/// Counters of readahead decisions and fills (a snapshot), per file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RaStats {
+    /// Misses that started a stream (`SyncFresh`).
+    pub sync_fresh: u64,
+    /// Misses sized from cached history (`SyncContext`).
+    pub sync_context: u64,
+    /// Small random reads that read only the request (`SyncRandom`).
+    pub sync_random: u64,
+    /// Forced reads (random mode, `readahead()`, `WillNeed`).
+    pub forced: u64,
+    /// Marks hit where expected: the pipelined continuation.
+    pub async_pipelined: u64,
+    /// Marks hit elsewhere (interleaved streams) and recovered from the index.
+    pub async_recovered: u64,
+    /// Marks hit with the area ahead already cached (nothing read).
+    pub async_skipped: u64,
+    /// Windows filled.
+    pub windows: u64,
+    /// Pages inserted by readahead.
+    pub pages: u64,
+    /// Folios inserted by readahead.
+    pub folios: u64,
+    /// Marks set.
+    pub marks: u64,
+    /// Windows that reached end of file (no mark set).
+    pub windows_at_eof: u64,
+    /// Pages skipped because a folio was already there.
+    pub present_skips: u64,
+    /// Large-folio windows that fell back to pages (a folio present, or no memory).
+    pub order_fallbacks: u64,
+    /// Batched fills that could not allocate the whole window and went one by one.
+    pub batch_alloc_fallbacks: u64,
+    /// Fills that stopped early for lack of memory.
+    pub out_of_memory: u64,
+    /// Folios read one at a time by a reader (readahead gave nothing, or a retry after an
+    /// error).
+    pub read_folio: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RaCounters {
+    pub(crate) sync_fresh: Counter,
+    pub(crate) sync_context: Counter,
+    pub(crate) sync_random: Counter,
+    pub(crate) forced: Counter,
+    pub(crate) async_pipelined: Counter,
+    pub(crate) async_recovered: Counter,
+    pub(crate) async_skipped: Counter,
+    pub(crate) windows: Counter,
+    pub(crate) pages: Counter,
+    pub(crate) folios: Counter,
+    pub(crate) marks: Counter,
+    pub(crate) windows_at_eof: Counter,
+    pub(crate) present_skips: Counter,
+    pub(crate) order_fallbacks: Counter,
+    pub(crate) batch_alloc_fallbacks: Counter,
+    pub(crate) out_of_memory: Counter,
+    pub(crate) read_folio: Counter,
+}
+
+impl RaCounters {
+    pub(crate) fn count(&self, trigger: Trigger) {
+        match trigger {
+            Trigger::SyncFresh => &self.sync_fresh,
+            Trigger::SyncContext => &self.sync_context,
+            Trigger::SyncRandom => &self.sync_random,
+            Trigger::Forced => &self.forced,
+            Trigger::AsyncPipelined => &self.async_pipelined,
+            Trigger::AsyncRecovered => &self.async_recovered,
+        }
+        .inc();
+    }
+
+    pub(crate) fn snapshot(&self) -> RaStats {
+        RaStats {
+            sync_fresh: self.sync_fresh.get(),
+            sync_context: self.sync_context.get(),
+            sync_random: self.sync_random.get(),
+            forced: self.forced.get(),
+            async_pipelined: self.async_pipelined.get(),
+            async_recovered: self.async_recovered.get(),
+            async_skipped: self.async_skipped.get(),
+            windows: self.windows.get(),
+            pages: self.pages.get(),
+            folios: self.folios.get(),
+            marks: self.marks.get(),
+            windows_at_eof: self.windows_at_eof.get(),
+            present_skips: self.present_skips.get(),
+            order_fallbacks: self.order_fallbacks.get(),
+            batch_alloc_fallbacks: self.batch_alloc_fallbacks.get(),
+            out_of_memory: self.out_of_memory.get(),
+            read_folio: self.read_folio.get(),
+        }
+    }
+}
+
+/// Carries out `fill` for `file` (the decision already updated `ra`): allocates, inserts and
+/// submits. Returns the number of pages inserted.
+pub(crate) fn fill(file: &Arc<FileInner>, ra: &mut RaState, what: Fill) -> u64 {
+    let Some(disk) = file.disk() else { return 0 };
+    let geometry = file.geometry();
+    let counters = &disk.ra;
+    let mut out = Submission::new(file);
+    match what {
+        Fill::Window => {
+            counters.windows.inc();
+            let (start, size, async_size) = (ra.start, ra.size, ra.async_size);
+            if geometry.last_page().is_some_and(|last| last < start + size) {
+                counters.windows_at_eof.inc();
+            }
+            match window_layout(ra, &geometry) {
+                Some(slots) => {
+                    let done = out.insert_slots(&slots, false);
+                    if done < slots.len() {
+                        // A folio was present or memory ran short: finish the window in pages,
+                        // skipping what is there (the kernel's fallback to `do_page_cache_ra`).
+                        counters.order_fallbacks.inc();
+                        let index = slots[done].index;
+                        let left = size - (index - start);
+                        let pages = pages_layout(index, left, async_size, &geometry);
+                        out.insert_slots(&pages, true);
+                    }
+                }
+                None => {
+                    let pages = pages_layout(start, size, async_size, &geometry);
+                    out.insert_slots(&pages, true);
+                }
+            }
+        }
+        Fill::Pages {
+            start,
+            count,
+            lookahead,
+        } => {
+            let pages = pages_layout(start, count, lookahead, &geometry);
+            out.insert_slots(&pages, true);
+        }
+        Fill::Forced { start, count } => {
+            let mut index = start;
+            let end = start.saturating_add(count);
+            while index < end {
+                let chunk = (end - index).min(FORCE_CHUNK_PAGES);
+                let pages = pages_layout(index, chunk, 0, &geometry);
+                if pages.is_empty() {
+                    break;
+                }
+                out.insert_slots(&pages, true);
+                index += chunk;
+            }
+        }
+    }
+    out.submit()
+}
+
+/// The folios a fill inserted, grouped into read requests, submitted together at the end.
+struct Submission<'f> {
+    file: &'f Arc<FileInner>,
+    /// The current contiguous run: first byte offset and folio ids.
+    run: Option<(u64, Vec<u32>, usize)>,
+    requests: Vec<ReadRequest>,
+    pages: u64,
+    inserted: Vec<(u64, u32)>,
+}
+
+impl<'f> Submission<'f> {
+    fn new(file: &'f Arc<FileInner>) -> Self {
+        Self {
+            file,
+            run: None,
+            requests: Vec::new(),
+            pages: 0,
+            inserted: Vec::new(),
+        }
+    }
+
+    /// Inserts the planned folios in order, skipping indexes where a folio is present when
+    /// `skip_present` (a page fill), stopping there otherwise (a large-folio window). Returns
+    /// how many slots were dealt with (inserted or skipped) before a stop.
+    fn insert_slots(&mut self, slots: &[Slot], skip_present: bool) -> usize {
+        if slots.is_empty() {
+            return 0;
+        }
+        let policy = self.file.policy.insert;
+        if policy == InsertPolicy::Batched {
+            match self.preallocate(slots) {
+                Some(folios) => return self.insert_batched(slots, folios, skip_present),
+                None => {
+                    if let Some(disk) = self.file.disk() {
+                        disk.ra.batch_alloc_fallbacks.inc();
+                    }
+                }
+            }
+        }
+        self.insert_single(slots, skip_present)
+    }
+
+    /// Allocates a folio for every slot, or none at all (memory under pressure).
+    fn preallocate(&self, slots: &[Slot]) -> Option<Vec<FolioRef<'f>>> {
+        let cache = self.file.cache();
+        let mut folios = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let folio = cache.alloc_for_readahead(slot.order).ok()?;
+            if slot.mark {
+                folio.set(flag::READAHEAD);
+            }
+            folios.push(folio);
+        }
+        Some(folios)
+    }
+
+    fn insert_batched(
+        &mut self,
+        slots: &[Slot],
+        mut folios: Vec<FolioRef<'f>>,
+        skip_present: bool,
+    ) -> usize {
+        let mapping = &self.file.mapping;
+        let mut k = 0;
+        while k < slots.len() {
+            let result = mapping.add_folio_range(slots[k].index, &folios[k..]);
+            let (inserted, stopped) = match result {
+                Ok(add) => (add.inserted, add.stopped),
+                Err(Error::Exists { .. }) => (0, Some(RangeStop::Present(slots[k].index))),
+                Err(_) => (0, Some(RangeStop::NoMemory)),
+            };
+            for slot in k..k + inserted {
+                self.push(&folios[slot], slots[slot]);
+            }
+            k += inserted;
+            match stopped {
+                None => {}
+                Some(RangeStop::Present(_)) if skip_present && k < slots.len() => {
+                    // Submit what went in, skip the present page, go on.
+                    self.end_run();
+                    self.count_skip();
+                    k += 1;
+                }
+                Some(_) => break,
+            }
+        }
+        // Drop the folios that did not go in (ours alone: freed now).
+        folios.clear();
+        k.min(slots.len())
+    }
+
+    fn insert_single(&mut self, slots: &[Slot], skip_present: bool) -> usize {
+        let mapping = &self.file.mapping;
+        let cache = self.file.cache();
+        for (k, slot) in slots.iter().enumerate() {
+            let nr = 1u64 << slot.order;
+            if mapping.next_miss(slot.index, nr) != slot.index {
+                // Something is cached there (checked without the lock, as the kernel does).
+                if !skip_present {
+                    return k;
+                }
+                self.end_run();
+                self.count_skip();
+                continue;
+            }
+            let Ok(folio) = cache.alloc_for_readahead(slot.order) else {
+                if let Some(disk) = self.file.disk() {
+                    disk.ra.out_of_memory.inc();
+                }
+                return k;
+            };
+            if slot.mark {
+                folio.set(flag::READAHEAD);
+            }
+            match mapping.add_folio(&folio, slot.index) {
+                Ok(_) => self.push(&folio, *slot),
+                Err(Error::Exists { .. }) if skip_present => {
+                    self.end_run();
+                    self.count_skip();
+                }
+                Err(_) => return k,
+            }
+        }
+        slots.len()
+    }
+
+    fn count_skip(&self) {
+        if let Some(disk) = self.file.disk() {
+            disk.ra.present_skips.inc();
+        }
+    }
+
+    /// Adds an inserted (locked) folio to the current run.
+    fn push(&mut self, folio: &FolioRef<'_>, slot: Slot) {
+        let nr = 1u64 << slot.order;
+        let offset = slot.index << PAGE_SHIFT;
+        let len = (nr as usize) * PAGE_SIZE;
+        let extend = matches!(&self.run, Some((first, _, bytes))
+            if first + *bytes as u64 == offset && *bytes + len <= MAX_IO_BYTES);
+        if !extend {
+            self.end_run();
+            self.run = Some((offset, Vec::new(), 0));
+        }
+        if let Some((_, ids, bytes)) = self.run.as_mut() {
+            ids.push(folio.id());
+            *bytes += len;
+        }
+        self.pages += nr;
+        self.inserted.push((slot.index, folio.id()));
+        if let Some(disk) = self.file.disk() {
+            disk.ra.folios.inc();
+            if slot.mark {
+                disk.ra.marks.inc();
+            }
+        }
+    }
+
+    fn end_run(&mut self) {
+        if let Some((offset, ids, _)) = self.run.take() {
+            let disk = self.file.disk().expect("a fill runs on a disk file");
+            self.requests.push(ReadRequest::new(
+                Arc::clone(&self.file.cache_inner),
+                Arc::clone(&disk.io),
+                ids,
+                offset,
+                disk.backend.size(),
+            ));
+        }
+    }
+
+    /// Hands every request to the backend in one batch; returns the pages inserted.
+    fn submit(mut self) -> u64 {
+        self.end_run();
+        let Some(disk) = self.file.disk() else {
+            return 0;
+        };
+        disk.ra.pages.add(self.pages);
+        self.file
+            .cache_inner
+            .reclaim
+            .track(self.file, &self.inserted);
+        let requests = std::mem::take(&mut self.requests);
+        if !requests.is_empty() {
+            disk.backend.submit(requests);
+        }
+        self.pages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_and_next_sizes_match_the_spec_tables() {
+        // kernel-read-path.md §4.3, max = 32 pages.
+        let init: Vec<u64> = (1..=10).map(|req| init_ra_size(req, 32)).collect();
+        assert_eq!(init, [4, 4, 8, 8, 16, 16, 16, 16, 32, 32]);
+        assert_eq!(next_ra_size(1, 32), 4);
+        for cur in 2..=16 {
+            assert_eq!(next_ra_size(cur, 32), 2 * cur);
+        }
+        for cur in 17..=32 {
+            assert_eq!(next_ra_size(cur, 32), 32);
+        }
+    }
+
+    #[test]
+    fn page_layout_drops_the_mark_when_clipped_at_eof() {
+        let geometry = Geometry {
+            max_order: 0,
+            io_pages: 256,
+            file_size: 10 * PAGE_SIZE as u64 + 1,
+        };
+        let slots = pages_layout(8, 8, 4, &geometry);
+        assert_eq!(slots.len(), 3); // pages 8, 9, 10
+        assert!(slots.iter().all(|s| !s.mark));
+        let slots = pages_layout(0, 8, 3, &geometry);
+        assert_eq!(slots.iter().position(|s| s.mark), Some(5));
+    }
+
+    #[test]
+    fn window_layout_trims_folios_to_alignment_and_limit() {
+        let geometry = Geometry {
+            max_order: 9,
+            io_pages: 256,
+            file_size: 1 << 30,
+        };
+        let mut ra = RaState::new(32);
+        ra.start = 12;
+        ra.size = 20;
+        ra.async_size = 20;
+        ra.order = 4;
+        let slots = window_layout(&mut ra, &geometry).unwrap();
+        let shape: Vec<(u64, u8)> = slots.iter().map(|s| (s.index, s.order)).collect();
+        // 12 is aligned to 4 only; 16 takes an order-4 folio (16..32).
+        assert_eq!(shape, [(12, 2), (16, 4)]);
+        assert!(slots[0].mark);
+        assert_eq!(ra.order, 4);
+    }
+}

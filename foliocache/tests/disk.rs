@@ -1,0 +1,110 @@
+//! Files opened from storage: O_DIRECT through io_uring and through the thread pool, and the
+//! refusal (or explicit buffered fallback) on a file system without real direct I/O.
+
+mod common;
+
+use common::{byte_at, pattern};
+use foliocache::{Cache, EngineKind, Error, IoMode, OpenOptions};
+use std::io::Write;
+use std::path::PathBuf;
+
+fn test_file(name: &str, size: u64) -> PathBuf {
+    // Under target/, on the checkout's file system (a disk here, not tmpfs).
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(&pattern(size)).unwrap();
+    file.sync_all().unwrap();
+    path
+}
+
+fn read_all(cache: &Cache, path: &PathBuf, chunk: usize) -> Vec<u8> {
+    let file = cache.open(path).unwrap();
+    let mut handle = file.handle();
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; chunk];
+    let mut pos = 0;
+    loop {
+        let n = handle.read_at(&mut buf, pos).unwrap();
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        pos += n as u64;
+    }
+    out
+}
+
+#[test]
+fn both_engines_read_a_file_with_o_direct() {
+    let size = 3 * (1 << 20) + 5000;
+    let path = test_file("disk-engines", size);
+    for kind in [EngineKind::IoUring, EngineKind::Threads] {
+        let cache = match Cache::builder().capacity(1 << 20).io_engine(kind).build() {
+            Ok(cache) => cache,
+            Err(error) => panic!("{error}"),
+        };
+        let probe = match cache.open(&path) {
+            Ok(file) => file,
+            Err(Error::NoDirectIo { .. }) => {
+                eprintln!("skipped: the target directory's file system has no direct I/O");
+                return;
+            }
+            Err(Error::Engine(error)) if kind == EngineKind::IoUring => {
+                eprintln!("skipped io_uring: {error}");
+                continue;
+            }
+            Err(error) => panic!("{error}"),
+        };
+        assert!(probe.backend_description().unwrap().starts_with("O_DIRECT"));
+        drop(probe);
+        // Odd chunk sizes: unaligned user buffers and offsets are the cache's business.
+        for chunk in [8192, 1000, 70_000] {
+            let out = read_all(&cache, &path, chunk);
+            assert_eq!(out.len() as u64, size);
+            assert!(
+                out.iter().enumerate().all(|(k, &b)| b == byte_at(k as u64)),
+                "{kind:?} {chunk}"
+            );
+        }
+        // 1 MiB of cache for a 3 MiB file: eviction ran.
+        assert!(cache.reclaim_stats().evicted_pages > 0);
+        let engine = cache.io_engine().unwrap();
+        match kind {
+            EngineKind::IoUring => assert_eq!(engine, "io_uring"),
+            _ => assert!(engine.starts_with("threads")),
+        }
+    }
+}
+
+#[test]
+fn tmpfs_is_refused_unless_buffered_is_asked_for() {
+    let dir = PathBuf::from("/dev/shm");
+    if !dir.is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let path = dir.join(format!("foliocache-test-{}", std::process::id()));
+    std::fs::write(&path, pattern(50_000)).unwrap();
+    let cache = Cache::builder().capacity(1 << 20).build().unwrap();
+    let error = cache.open(&path).unwrap_err();
+    assert!(matches!(error, Error::NoDirectIo { .. }), "{error}");
+    assert!(error.to_string().contains("buffered_fallback"));
+    let file = cache
+        .open_with(&path, OpenOptions::new().buffered_fallback(true))
+        .unwrap();
+    assert!(file.backend_description().unwrap().starts_with("buffered"));
+    let mut buf = vec![0u8; 50_000];
+    assert_eq!(file.handle().read_at(&mut buf, 0).unwrap(), 50_000);
+    assert_eq!(buf, pattern(50_000));
+    let _ = IoMode::Buffered;
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn opening_a_missing_file_or_a_directory_is_a_clear_error() {
+    let cache = Cache::builder().capacity(1 << 20).build().unwrap();
+    let error = cache.open("/nonexistent/foliocache").unwrap_err();
+    assert!(matches!(error, Error::Open { .. }), "{error}");
+    let error = cache.open(env!("CARGO_TARGET_TMPDIR")).unwrap_err();
+    assert!(error.to_string().contains("could not open"), "{error}");
+}
