@@ -1,13 +1,15 @@
 //! Micro-benchmarks of the core: lookup hit, the refcount protocol (FrozenBit vs Cas, one and
 //! two threads on one folio), insertion one by one vs a run under one lock hold, and a 64-byte
-//! read optimistic (no reference) vs referenced.
+//! read optimistic (no reference) vs referenced, and a readahead window fill with batched vs
+//! single insertion (seeds 000/003).
 //!
 //! `cargo bench -p foliocache --bench core` (add `-- --quick` for a shorter run).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use foliocache::mem::refcount::RefCount;
-use foliocache::{Cache, FolioRef, Policy, RefcountPolicy};
+use foliocache::{Backend, Cache, FolioRef, InsertPolicy, Policy, ReadRequest, RefcountPolicy};
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const POLICIES: [(&str, RefcountPolicy); 2] = [
@@ -158,5 +160,70 @@ fn small_read(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, lookup_hit, refcount, insertion, small_read);
+/// A backend whose reads complete at once without touching the folios: the fill benchmark
+/// measures the cache's work (allocate, insert, build requests, complete), not a copy.
+#[derive(Debug)]
+struct NullBackend(u64);
+
+impl Backend for NullBackend {
+    fn size(&self) -> u64 {
+        self.0
+    }
+    fn submit(&self, requests: Vec<ReadRequest>) {
+        for request in requests {
+            let len = request.len();
+            request.complete(Ok(len));
+        }
+    }
+}
+
+/// One forced readahead window of 128 order-0 pages (512 KiB), from an empty file: the
+/// kernel's `page_cache_ra_unbounded` loop that seed 000 batches. Per folio.
+fn readahead_fill(c: &mut Criterion) {
+    const PAGES: u64 = 128;
+    let mut group = c.benchmark_group("readahead_fill_128_pages");
+    for (name, insert) in [
+        ("single", InsertPolicy::Single),
+        ("batched", InsertPolicy::Batched),
+    ] {
+        let cache = Cache::builder()
+            .capacity(64 << 20)
+            .max_io_bytes(PAGES * 4096)
+            .policy(Policy {
+                insert,
+                ..Policy::default()
+            })
+            .build()
+            .unwrap();
+        let backend: Arc<dyn Backend> = Arc::new(NullBackend(1 << 30));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let file = cache.open_backend(Arc::clone(&backend), Some(0)).unwrap();
+                    let mut handle = file.handle();
+                    let start = Instant::now();
+                    handle.readahead(0, PAGES * 4096).unwrap();
+                    total += start.elapsed();
+                    assert_eq!(file.mapping().stats().cached_pages, PAGES);
+                    // Dropping the file (and freeing its folios) is not timed.
+                    drop(handle);
+                    drop(file);
+                    cache.evict(0);
+                }
+                total / PAGES as u32
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(
+    benches,
+    lookup_hit,
+    refcount,
+    insertion,
+    small_read,
+    readahead_fill
+);
 criterion_main!(benches);

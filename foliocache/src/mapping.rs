@@ -417,6 +417,30 @@ impl Mapping {
             return Err(Error::Misaligned { index, order });
         }
         let desc = folio.desc();
+        let policy = self.mem().policy;
+        if desc.refcount.count(policy) == 1
+            && desc.mapping.load(Ordering::Relaxed) == 0
+            && desc.flags.load(Ordering::Relaxed) & (flag::PUBLISHED | flag::LOCKED) == 0
+        {
+            // The fast path, for a private folio (fresh from the allocator, as readahead's
+            // are): the caller's reference is the only one, so no other thread can hold this
+            // folio legitimately, and nobody else writes its mapping, flags or index (a stale
+            // speculative reader may bump and drop the count, but only reads the rest and then
+            // fails validation: no index slot holds the folio yet). Plain stores then, as the
+            // kernel's `__folio_set_locked`; only the count needs an atomic add.
+            desc.mapping.store(self.id, Ordering::Relaxed);
+            desc.index.store(index, Ordering::Relaxed);
+            let flags = desc.flags.load(Ordering::Relaxed);
+            // Release: whoever finds the folio through the index (acquire) sees the fields.
+            desc.flags
+                .store(flags | flag::LOCKED | flag::PUBLISHED, Ordering::Release);
+            desc.refcount.get();
+            return Ok(Entry::Folio {
+                id: folio.pfn,
+                order,
+                zeros: zeros == Zeros::Yes,
+            });
+        }
         // A compare-exchange, so two holders of the same folio racing to insert it (here or in
         // another mapping) cannot both claim it.
         if let Err(mapping) =

@@ -564,11 +564,24 @@ impl IndexWriter<'_> {
             shadows: Vec::with_capacity(entries.len()),
         };
         let mut index = start;
+        // The bottom node the previous entry went into: the next entries that fall in it and
+        // find their slots empty are stored straight there, with no walk from the root (the
+        // case that matters: a readahead window of single pages, 64 per bottom node).
+        let mut leaf: Option<(&Node, u64)> = None;
         for entry in entries {
+            if let Some((node, base)) = leaf
+                && self.store_in_leaf(node, base, index, *entry)
+            {
+                result.inserted += 1;
+                result.shadows.push(None);
+                index = index.wrapping_add(1u64 << entry.order());
+                continue;
+            }
             match self.insert(index, *entry) {
                 Ok(shadow) => {
                     result.inserted += 1;
                     result.shadows.push(shadow);
+                    leaf = self.leaf(index);
                 }
                 Err(Error::Exists { index: at }) => {
                     result.stopped = Some(RangeStop::Present(at));
@@ -583,6 +596,53 @@ impl IndexWriter<'_> {
             index = index.wrapping_add(1u64 << entry.order());
         }
         Ok(result)
+    }
+
+    /// The bottom node (shift 0) holding `index` and the first index it covers, if the tree
+    /// reaches down to one there.
+    fn leaf(&self, index: u64) -> Option<(&Node, u64)> {
+        let mut node = self.index.root_node();
+        loop {
+            if node.is_null() {
+                return None;
+            }
+            // SAFETY: nodes reachable from the root are live under the writer lock, which this
+            // writer holds for as long as the returned borrow of `self` lasts (nodes are only
+            // retired by writers).
+            let n = unsafe { &*node };
+            if n.shift == 0 {
+                return Some((n, node_base(n, index)));
+            }
+            let word = n.slots[n.offset(index)].load(Ordering::Relaxed);
+            if !is_node(word) {
+                return None;
+            }
+            node = word as *const Node;
+        }
+    }
+
+    /// Stores `entry` at `index` in the bottom node `node` (covering `base..base + 64`) if it
+    /// lies wholly inside it and its slots are all empty (no folio, no value to split or
+    /// report). Returns whether it did. The node is still in the tree: under the writer lock
+    /// only this writer changes it, and a successful insert never removes a node.
+    fn store_in_leaf(&self, node: &Node, base: u64, index: u64, entry: Entry) -> bool {
+        let order = u32::from(entry.order());
+        if order >= CHUNK_SHIFT || index & !low_mask(CHUNK_SHIFT) != base {
+            return false;
+        }
+        let (first, span) = group(node, index, entry.order());
+        let slots = &node.slots[first..first + span];
+        if slots.iter().any(|slot| slot.load(Ordering::Relaxed) != 0) {
+            return false;
+        }
+        let word = entry.encode();
+        for slot in slots {
+            slot.store(word, Ordering::Release);
+        }
+        // Slot counts are only written under the writer lock.
+        let count = node.count.load(StatOrdering::Relaxed);
+        node.count.store(count + span as u16, StatOrdering::Relaxed);
+        true
     }
 
     /// Removes the entry covering `index` and returns it. With `expected`, removes only if the
