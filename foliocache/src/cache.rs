@@ -307,10 +307,15 @@ impl Cache {
         let max_order = self.checked_order(options.max_order)?;
         let engine = self.inner.engine()?;
         let backend = DirectFile::open(path.as_ref(), options, engine)?;
+        let mut policy = self.inner.policy;
+        if let Some(insert) = options.insert {
+            policy.insert = insert;
+        }
         Ok(File::new_disk(
             self,
             self.new_mapping(),
             max_order,
+            policy,
             Arc::new(backend),
         ))
     }
@@ -323,7 +328,13 @@ impl Cache {
         max_order: Option<u8>,
     ) -> Result<File, Error> {
         let max_order = self.checked_order(max_order)?;
-        Ok(File::new_disk(self, self.new_mapping(), max_order, backend))
+        Ok(File::new_disk(
+            self,
+            self.new_mapping(),
+            max_order,
+            self.inner.policy,
+            backend,
+        ))
     }
 
     fn checked_order(&self, order: Option<u8>) -> Result<u8, Error> {

@@ -151,13 +151,14 @@ impl File {
         cache: &Cache,
         mapping: Mapping,
         max_order: u8,
+        policy: Policy,
         backend: Arc<dyn Backend>,
     ) -> Self {
         mapping.set_size(backend.size());
         Self {
             inner: Arc::new(FileInner {
                 mapping,
-                policy: cache.policy(),
+                policy,
                 max_order,
                 write_lock: Mutex::new(()),
                 source: Some(DiskSource {

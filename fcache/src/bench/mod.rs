@@ -3,6 +3,7 @@
 //! results as a Markdown table, a JSON file and an SVG plot.
 
 mod core;
+mod readseq;
 pub(crate) mod report;
 mod seqread;
 mod smallread;
@@ -23,6 +24,10 @@ pub(crate) enum Suite {
     /// Seed 002's will-it-scale: N threads reading 64 bytes of one shared page; optimistic,
     /// frozen-bit and cas reads vs the kernel's pread, with a share-nothing ceiling.
     Smallread,
+    /// Seed 000's db_bench readseq: T threads each reading its own disk file sequentially in
+    /// 8 KiB records from a cold cache; batched vs single insertion vs the kernel's buffered
+    /// reads, with the device's O_DIRECT ceiling.
+    Readseq,
 }
 
 #[derive(Debug, Args)]
@@ -48,6 +53,13 @@ pub(crate) struct BenchArgs {
     /// Directory for the plots (and the JSON when --json is not given).
     #[arg(long, value_name = "DIR", default_value = "results")]
     pub(crate) out: PathBuf,
+    /// Directory for the disk suites' data files, on a disk file system (default: the system
+    /// temporary directory). The files are deleted at the end.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dir: Option<PathBuf>,
+    /// Maximum readahead window in KiB for the disk suites (default 2048).
+    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(0..=1048576))]
+    pub(crate) ra_kb: Option<u64>,
 }
 
 impl BenchArgs {
@@ -70,6 +82,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
             Suite::Core => core::run(args)?,
             Suite::Seqread => seqread::run(args)?,
             Suite::Smallread => smallread::run(args)?,
+            Suite::Readseq => readseq::run(args)?,
         };
         let json_path = match (&args.json, suites.len()) {
             (Some(path), 1) => path.clone(),

@@ -81,6 +81,7 @@ pub enum IoMode {
 pub struct OpenOptions {
     pub(crate) buffered_fallback: bool,
     pub(crate) max_order: Option<u8>,
+    pub(crate) insert: Option<crate::InsertPolicy>,
 }
 
 impl OpenOptions {
@@ -93,6 +94,13 @@ impl OpenOptions {
     /// the kernel's page cache instead of failing with [`Error::NoDirectIo`].
     pub fn buffered_fallback(mut self, on: bool) -> Self {
         self.buffered_fallback = on;
+        self
+    }
+
+    /// How readahead inserts this file's folios (default: the cache's policy). Two files
+    /// opened on one path with different policies compare them on the same memory.
+    pub fn insert_policy(mut self, insert: crate::InsertPolicy) -> Self {
+        self.insert = Some(insert);
         self
     }
 

@@ -18,6 +18,7 @@
 //! submission and completion queues.
 
 mod direct;
+pub mod probe;
 mod threads;
 mod uring;
 

@@ -1,0 +1,519 @@
+//! `fcache bench readseq`: seed 000's db_bench readseq, scaled to this machine.
+//!
+//! T threads (default 2), each reading its own file on disk sequentially in 8 KiB records,
+//! from a cold cache every repetition. Systems, interleaved in every repetition:
+//! * `foliocache/batched` and `foliocache/single`: the cache with batched insertion (seeds
+//!   000/003) and with the loop before them, O_DIRECT through the cache's I/O engine, cache
+//!   emptied (`drop_cached`) before each repetition;
+//! * `kernel`: buffered `pread` of the same files, their page cache dropped
+//!   (`POSIX_FADV_DONTNEED`) before each repetition, and memory the size of the data set
+//!   touched and freed right before, so that the kernel is measured and not the hypervisor
+//!   handing back idle memory (`baselines.md` §8);
+//! * `device`: the ceiling, O_DIRECT sequential reads of the same files at 128 KiB and queue
+//!   depth 32 through io_uring, no cache; the files are read at once, one ring each (the
+//!   depth split between them), as the readers stream them.
+//!
+//! The files hold their own byte offsets, so every record a system returns is checked.
+//! A second case runs the cache with a quarter of the data set as capacity (eviction on).
+
+use super::BenchArgs;
+use super::report::{Figure, Plot, Report, interleaved};
+use foliocache::{Cache, InsertPolicy};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::io::Write as _;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const RECORD: usize = 8192;
+const SYSTEMS: [&str; 4] = [
+    "foliocache/batched",
+    "foliocache/single",
+    "kernel",
+    "device",
+];
+
+struct Sizes {
+    file: u64,
+    ra_bytes: u64,
+}
+
+/// The data files (deleted on drop).
+struct DataFiles {
+    paths: Vec<PathBuf>,
+}
+
+impl DataFiles {
+    fn create(dir: &Path, count: usize, size: u64, bar: &ProgressBar) -> Result<Self, String> {
+        let mut files = Self { paths: Vec::new() };
+        for k in 0..count {
+            let path = dir.join(format!("fcache-readseq-{}-{k}.dat", std::process::id()));
+            bar.set_message(format!("writing {}", path.display()));
+            let mut file = std::fs::File::create(&path)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+            files.paths.push(path.clone());
+            let mut chunk = vec![0u8; 1 << 20];
+            for at in (0..size).step_by(chunk.len()) {
+                fill_offsets(&mut chunk, at);
+                file.write_all(&chunk)
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            }
+            file.sync_all()
+                .map_err(|e| format!("cannot sync {}: {e}", path.display()))?;
+        }
+        Ok(files)
+    }
+}
+
+impl Drop for DataFiles {
+    fn drop(&mut self) {
+        for path in &self.paths {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Every 8-byte word holds its own file offset.
+fn fill_offsets(buf: &mut [u8], at: u64) {
+    for (k, word) in buf.chunks_exact_mut(8).enumerate() {
+        word.copy_from_slice(&(at + 8 * k as u64).to_le_bytes());
+    }
+}
+
+fn check_record(buf: &[u8], at: u64) -> Result<(), String> {
+    for probe in [0usize, (buf.len() / 2) & !7, buf.len() - 8] {
+        let got = u64::from_le_bytes(buf[probe..probe + 8].try_into().unwrap_or([0; 8]));
+        if got != at + probe as u64 {
+            return Err(format!(
+                "wrong bytes at offset {}: read {got:#x}",
+                at + probe as u64
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One timed pass: total records per second and the merged latency histogram (ns).
+struct Pass {
+    ops_per_sec: f64,
+    bytes_per_sec: f64,
+    latency: Histogram<u64>,
+}
+
+/// Reads one record: `(thread, offset, buffer)` → bytes read.
+type ReadRecord<'a> = &'a (dyn Fn(usize, u64, &mut [u8]) -> Result<usize, String> + Sync);
+
+/// Runs `read(thread, offset, buf)` for every record of every thread's file, threads released
+/// together.
+fn pass(threads: usize, file_size: u64, read: ReadRecord<'_>) -> Result<Pass, String> {
+    let start_line = std::sync::Barrier::new(threads + 1);
+    let (results, elapsed) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let start_line = &start_line;
+                s.spawn(move || -> Result<Histogram<u64>, String> {
+                    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)
+                        .map_err(|e| e.to_string())?;
+                    let mut buf = vec![0u8; RECORD];
+                    start_line.wait();
+                    let mut at = 0u64;
+                    while at < file_size {
+                        let t0 = Instant::now();
+                        let n = read(t, at, &mut buf)?;
+                        let ns = t0.elapsed().as_nanos() as u64;
+                        if n != RECORD {
+                            return Err(format!("short read at {at}: {n} bytes"));
+                        }
+                        check_record(&buf, at)?;
+                        let _ = hist.record(ns.max(1));
+                        at += RECORD as u64;
+                    }
+                    Ok(hist)
+                })
+            })
+            .collect();
+        start_line.wait();
+        let start = Instant::now();
+        let results: Vec<_> = workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_else(|_| Err("a reader panicked".into())))
+            .collect();
+        (results, start.elapsed())
+    });
+    let mut latency =
+        Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).map_err(|e| e.to_string())?;
+    for hist in results {
+        latency.add(hist?).map_err(|e| e.to_string())?;
+    }
+    let bytes = threads as f64 * file_size as f64;
+    Ok(Pass {
+        ops_per_sec: bytes / RECORD as f64 / elapsed.as_secs_f64(),
+        bytes_per_sec: bytes / elapsed.as_secs_f64(),
+        latency,
+    })
+}
+
+/// Keeps every CPU busy for a moment before a timed pass. On this VM a vCPU that idled (the
+/// device pass mostly waits) is slow for a while when work comes back, which showed as a 30%
+/// advantage for whichever system ran after a busy one (measured: the same policy in two
+/// positions of the rotation).
+fn settle() {
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    std::thread::scope(|s| {
+        for _ in 0..cpus {
+            s.spawn(|| {
+                let start = Instant::now();
+                let mut x = 0u64;
+                while start.elapsed() < std::time::Duration::from_millis(150) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+                }
+            });
+        }
+    });
+}
+
+/// Touches and frees `bytes` of memory, so the kernel's page cache fill that follows finds
+/// host-resident memory (`baselines.md` §8).
+fn prewarm(bytes: u64) {
+    let mut v = vec![0u8; bytes as usize];
+    for page in v.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    std::hint::black_box(&v);
+}
+
+fn drop_kernel_cache(paths: &[PathBuf]) -> Result<(), String> {
+    for path in paths {
+        let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+        rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
+            .map_err(|e| format!("fadvise {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
+    let sizes = if args.full {
+        Sizes {
+            file: 1 << 30,
+            ra_bytes: args.ra_kb.unwrap_or(2048) << 10,
+        }
+    } else {
+        Sizes {
+            file: 256 << 20,
+            ra_bytes: args.ra_kb.unwrap_or(2048) << 10,
+        }
+    };
+    let threads_list: Vec<usize> = args
+        .threads
+        .clone()
+        .unwrap_or_else(|| vec![2])
+        .into_iter()
+        .map(|t| t as usize)
+        .collect();
+    if let Some(&big) = threads_list.iter().find(|&&t| t > 32) {
+        return Err(format!("readseq runs at most 32 threads (asked {big})"));
+    }
+    // Keep the data set (and the two caches holding it) within a few GiB however many threads.
+    let max_threads = threads_list.iter().copied().max().unwrap_or(1) as u64;
+    let sizes = Sizes {
+        file: sizes.file.min(((2u64 << 30) / max_threads).max(64 << 20)) & !((1 << 20) - 1),
+        ..sizes
+    };
+    let reps = args.reps();
+    let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let max_threads = max_threads as usize;
+    let mut report = Report::new(
+        "readseq",
+        json!({
+            "record_bytes": RECORD,
+            "file_bytes_per_thread": sizes.file,
+            "threads": threads_list,
+            "reps": reps,
+            "readahead_max_bytes": sizes.ra_bytes,
+            "folio_order": 0,
+            "dir": dir.display().to_string(),
+        }),
+    );
+    let steps = threads_list.len() * (SYSTEMS.len() + 3) * (reps + 1);
+    let bar = ProgressBar::new(steps as u64).with_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.set_prefix("readseq");
+    let files = DataFiles::create(&dir, max_threads, sizes.file, &bar)?;
+    let mut counters = serde_json::Map::new();
+    for &threads in &threads_list {
+        let paths = &files.paths[..threads];
+        let data = threads as u64 * sizes.file;
+        for over in [false, true] {
+            let case = if over {
+                format!("threads={threads}/over-capacity")
+            } else {
+                format!("threads={threads}")
+            };
+            bar.set_message(case.clone());
+            let capacity = if over { data / 4 } else { data + (64 << 20) };
+            // One cache for both policies: two files per path, each with its insertion
+            // policy, on the same memory. (Two caches built one after the other gave the
+            // first-built one 20-30% less throughput with the very same policy: this VM's
+            // memory is not uniformly fast.)
+            let cache = build_cache(capacity, sizes.ra_bytes)?;
+            let opened: Vec<Vec<foliocache::File>> = [InsertPolicy::Batched, InsertPolicy::Single]
+                .iter()
+                .map(|&insert| {
+                    paths
+                        .iter()
+                        .map(|p| {
+                            let options = foliocache::OpenOptions::new()
+                                .max_order(0)
+                                .insert_policy(insert);
+                            cache.open_with(p, options)
+                        })
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|e| match e {
+                    foliocache::Error::NoDirectIo { .. } => {
+                        format!("{e}\n(readseq needs a disk file system: pass --dir DIR on one)")
+                    }
+                    other => other.to_string(),
+                })?;
+            let kernel_files: Vec<std::fs::File> = paths
+                .iter()
+                .map(std::fs::File::open)
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            // The over-capacity case compares the two insertion policies under eviction; the
+            // kernel and the device have no such limit and are measured in the first case.
+            let systems = if over { 2 } else { 4 };
+            let mut latencies: Vec<Vec<[f64; 3]>> = vec![Vec::new(); systems];
+            let mut rates: Vec<Vec<f64>> = vec![Vec::new(); systems];
+            let mut windows = [(0u64, 0u64); 2];
+            let (samples, busy) = interleaved(reps, systems, &bar, |which| {
+                settle();
+                let done = match which {
+                    0 | 1 => {
+                        let files = &opened[which];
+                        for file in opened.iter().flatten() {
+                            file.drop_cached(0, 0);
+                        }
+                        cache.drain_cpu_caches();
+                        let locks0: u64 = files
+                            .iter()
+                            .map(|f| f.mapping().stats().lock_acquisitions)
+                            .sum();
+                        let win0: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
+                        let handles: Vec<std::sync::Mutex<foliocache::Handle>> = files
+                            .iter()
+                            .map(|f| std::sync::Mutex::new(f.handle()))
+                            .collect();
+                        let done = pass(threads, sizes.file, &|t, at, buf| {
+                            let mut handle = handles[t].lock().map_err(|e| e.to_string())?;
+                            handle.read_at(buf, at).map_err(|e| e.to_string())
+                        })?;
+                        let locks1: u64 = files
+                            .iter()
+                            .map(|f| f.mapping().stats().lock_acquisitions)
+                            .sum();
+                        let win1: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
+                        windows[which].0 += locks1 - locks0;
+                        windows[which].1 += win1 - win0;
+                        done
+                    }
+                    2 => {
+                        drop_kernel_cache(paths)?;
+                        prewarm(data);
+                        pass(threads, sizes.file, &|t, at, buf| {
+                            kernel_files[t].read_at(buf, at).map_err(|e| e.to_string())
+                        })?
+                    }
+                    _ => {
+                        let rate = device_read(paths)?;
+                        rates[which].push(rate);
+                        return Ok(rate / RECORD as f64);
+                    }
+                };
+                rates[which].push(done.bytes_per_sec);
+                let q = |p: f64| done.latency.value_at_quantile(p) as f64 / 1000.0;
+                latencies[which].push([q(0.50), q(0.75), q(0.99)]);
+                Ok(done.ops_per_sec)
+            })?;
+            for which in 0..systems {
+                let system = SYSTEMS[which];
+                // The warm-up round is the first of `rates`/`latencies`: drop it.
+                let keep = |v: &[f64]| v[v.len() - samples[which].len()..].to_vec();
+                let mibs: Vec<f64> = keep(&rates[which])
+                    .iter()
+                    .map(|r| r / f64::from(1 << 20))
+                    .collect();
+                report
+                    .results
+                    .push(Figure::new(&case, system, "MiB/s", &mibs, busy));
+                if which == 3 {
+                    continue;
+                }
+                report
+                    .results
+                    .push(Figure::new(&case, system, "ops/s", &samples[which], busy));
+                let lat = &latencies[which][latencies[which].len() - samples[which].len()..];
+                for (k, metric) in ["p50_us", "p75_us", "p99_us"].into_iter().enumerate() {
+                    let v: Vec<f64> = lat.iter().map(|l| l[k]).collect();
+                    report
+                        .results
+                        .push(Figure::new(&case, system, metric, &v, busy));
+                }
+            }
+            report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[1]);
+            if !over {
+                report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[2]);
+                report.ratio(&case, "MiB/s", SYSTEMS[0], SYSTEMS[3]);
+                report.ratio(&case, "MiB/s", SYSTEMS[2], SYSTEMS[3]);
+            }
+            let mut per_case = serde_json::Map::new();
+            for (k, name) in ["batched", "single"].into_iter().enumerate() {
+                let ra = opened[k]
+                    .iter()
+                    .map(foliocache::File::readahead_stats)
+                    .fold(foliocache::RaStats::default(), add_ra);
+                let io = opened[k].iter().map(foliocache::File::io_stats).fold(
+                    foliocache::IoStats::default(),
+                    |a, b| foliocache::IoStats {
+                        requests: a.requests + b.requests,
+                        bytes: a.bytes + b.bytes,
+                        errors: a.errors + b.errors,
+                        short_at_eof: a.short_at_eof + b.short_at_eof,
+                    },
+                );
+                let (locks, wins) = windows[k];
+                per_case.insert(
+                    name.into(),
+                    json!({
+                        "lock_acquisitions_per_window": locks as f64 / wins.max(1) as f64,
+                        "readahead": format!("{ra:?}"),
+                        "io": format!("{io:?}"),
+                        "engine": cache.io_engine(),
+                    }),
+                );
+            }
+            per_case.insert(
+                "reclaim (both)".into(),
+                json!(format!("{:?}", cache.reclaim_stats())),
+            );
+            counters.insert(case.clone(), serde_json::Value::Object(per_case));
+        }
+    }
+    bar.finish_and_clear();
+    drop(files);
+    report.counters = serde_json::Value::Object(counters);
+    report.notes.push(format!(
+        "Readahead: at most {} KiB per window, 4 KiB folios (a mapping without large folios, \
+         the path seed 000 batches); requests of at most 128 KiB. The kernel side uses this \
+         disk's own read_ahead_kb. The over-capacity case gives the cache a quarter of the data \
+         set: eviction runs all along.",
+        sizes.ra_bytes >> 10
+    ));
+    for metric in ["ops/s", "MiB/s"] {
+        let cases: Vec<String> = report
+            .results
+            .iter()
+            .filter(|f| f.metric == metric)
+            .map(|f| f.case.clone())
+            .fold(Vec::new(), |mut v, c| {
+                if !v.contains(&c) {
+                    v.push(c);
+                }
+                v
+            });
+        let (file, unit, scale) = if metric == "ops/s" {
+            (
+                "readseq-ops.svg",
+                "thousand 8 KiB reads/s (all threads)",
+                1e3,
+            )
+        } else {
+            ("readseq-mibs.svg", "MiB/s (all threads)", 1.0)
+        };
+        let groups = cases
+            .iter()
+            .map(|case| {
+                let bars = SYSTEMS
+                    .iter()
+                    .filter_map(|s| {
+                        report
+                            .figure(case, s, metric)
+                            .map(|f| ((*s).to_string(), f.median / scale))
+                    })
+                    .collect();
+                (case.clone(), bars)
+            })
+            .collect();
+        report.plots.push(Plot {
+            file: file.into(),
+            title: format!("readseq: cold sequential 8 KiB reads from disk, {metric}"),
+            unit: unit.into(),
+            groups,
+        });
+    }
+    Ok(report)
+}
+
+/// The device ceiling: every file read at once, one thread and ring per file, 128 KiB O_DIRECT
+/// requests, queue depth 32 in all (split between the files), as the readers stream them.
+fn device_read(paths: &[PathBuf]) -> Result<f64, String> {
+    let depth = (32 / paths.len()).max(1);
+    let start = Instant::now();
+    let bytes = std::thread::scope(|s| {
+        let workers: Vec<_> = paths
+            .iter()
+            .map(|path| {
+                s.spawn(move || {
+                    foliocache::io::probe::sequential_read(&[path.as_path()], 128 << 10, depth)
+                        .map(|read| read.bytes)
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err("a device reader panicked".into()))
+            })
+            .sum::<Result<u64, String>>()
+    })?;
+    Ok(bytes as f64 / start.elapsed().as_secs_f64())
+}
+
+fn build_cache(capacity: u64, ra_bytes: u64) -> Result<Cache, String> {
+    Cache::builder()
+        .capacity(capacity.div_ceil(2 << 20) * (2 << 20))
+        .prefault(true)
+        .readahead_bytes(ra_bytes)
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn add_ra(a: foliocache::RaStats, b: foliocache::RaStats) -> foliocache::RaStats {
+    foliocache::RaStats {
+        sync_fresh: a.sync_fresh + b.sync_fresh,
+        sync_context: a.sync_context + b.sync_context,
+        sync_random: a.sync_random + b.sync_random,
+        forced: a.forced + b.forced,
+        async_pipelined: a.async_pipelined + b.async_pipelined,
+        async_recovered: a.async_recovered + b.async_recovered,
+        async_skipped: a.async_skipped + b.async_skipped,
+        windows: a.windows + b.windows,
+        pages: a.pages + b.pages,
+        folios: a.folios + b.folios,
+        marks: a.marks + b.marks,
+        windows_at_eof: a.windows_at_eof + b.windows_at_eof,
+        present_skips: a.present_skips + b.present_skips,
+        order_fallbacks: a.order_fallbacks + b.order_fallbacks,
+        batch_alloc_fallbacks: a.batch_alloc_fallbacks + b.batch_alloc_fallbacks,
+        out_of_memory: a.out_of_memory + b.out_of_memory,
+        read_folio: a.read_folio + b.read_folio,
+    }
+}
