@@ -98,6 +98,34 @@ impl Probe for Mapping {
     }
 }
 
+/// The state of the folios of a [`CachedRange`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageState {
+    /// Read and valid.
+    Uptodate,
+    /// A read is in flight.
+    Reading,
+    /// The last read failed (a later read retries).
+    Failed,
+}
+
+/// A run of cached pages in one state (see [`File::cached_ranges`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CachedRange {
+    /// First page index.
+    pub first: u64,
+    /// Pages in the run.
+    pub pages: u64,
+    /// Folios in the run.
+    pub folios: u64,
+    /// The largest folio order in the run.
+    pub largest_order: u8,
+    /// Their state.
+    pub state: PageState,
+    /// First pages of folios carrying the READAHEAD mark.
+    pub marks: Vec<u64>,
+}
+
 /// Access-pattern advice for a handle ([`Handle::advise`]), as `posix_fadvise(2)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Advice {
@@ -202,6 +230,72 @@ impl File {
         self.inner
             .disk()
             .map_or_else(IoStats::default, |disk| disk.io.snapshot())
+    }
+
+    /// Waits until no read of this file is in flight (every cached folio unlocked): what
+    /// readahead started has then settled, uptodate or failed.
+    pub fn wait_for_io(&self) {
+        let mapping = &self.inner.mapping;
+        let mut index = 0;
+        while let Some(next) = mapping.index().next_present(index, u64::MAX) {
+            let Some(folio) = mapping.lookup(next) else {
+                index = next + 1;
+                continue;
+            };
+            folio.wait_unlocked();
+            index = folio.index() + folio.nr_pages() as u64;
+            if index == 0 {
+                break;
+            }
+        }
+    }
+
+    /// The cached page ranges of the file, in order: runs of folios that are adjacent in the
+    /// file and share their state (uptodate, failed, or a read in flight), with the pages that
+    /// carry a READAHEAD mark. What `fincore` or `vmtouch` show for the kernel's cache.
+    pub fn cached_ranges(&self) -> Vec<CachedRange> {
+        let mapping = &self.inner.mapping;
+        let mut out: Vec<CachedRange> = Vec::new();
+        let mut index = 0;
+        while let Some(next) = mapping.index().next_present(index, u64::MAX) {
+            let Some(folio) = mapping.lookup(next) else {
+                index = next + 1;
+                continue;
+            };
+            let state = if folio.is_uptodate() {
+                PageState::Uptodate
+            } else if folio.test(crate::mem::flag::LOCKED) {
+                PageState::Reading
+            } else {
+                PageState::Failed
+            };
+            let first = folio.index();
+            let pages = folio.nr_pages() as u64;
+            let marked = folio.test(crate::mem::flag::READAHEAD);
+            match out.last_mut() {
+                Some(last) if last.first + last.pages == first && last.state == state => {
+                    last.pages += pages;
+                    last.folios += 1;
+                    last.largest_order = last.largest_order.max(folio.order());
+                }
+                _ => out.push(CachedRange {
+                    first,
+                    pages,
+                    folios: 1,
+                    largest_order: folio.order(),
+                    state,
+                    marks: Vec::new(),
+                }),
+            }
+            if marked && let Some(last) = out.last_mut() {
+                last.marks.push(first);
+            }
+            index = first + pages;
+            if index == 0 {
+                break;
+            }
+        }
+        out
     }
 
     /// Drops the idle folios of `offset..offset + len` (0: to end of file) from the cache, as

@@ -37,7 +37,7 @@ mod sync;
 
 pub use cache::{Cache, CacheBuilder, InsertPolicy, Policy, ReadPolicy, SmallReadPolicy, Stats};
 pub use error::Error;
-pub use file::{Advice, File, Handle};
+pub use file::{Advice, CachedRange, File, Handle, PageState};
 pub use io::{Backend, EngineKind, IoMode, IoStats, OpenOptions, ReadRequest};
 pub use mapping::{FolioBatch, Mapping, MappingStats, MappingView};
 pub use mem::refcount::RefcountPolicy;
