@@ -530,7 +530,19 @@ fn read_locked_folio(
 /// The kernel's `filemap_create_folio`: readahead produced no folio at `index`, so insert one
 /// page and read it. `None` if another reader inserted one first (look it up again).
 fn create_folio<'f>(file: &'f Arc<FileInner>, index: u64) -> Result<Option<FolioRef<'f>>, Error> {
-    let folio = file.cache().alloc_for_readahead(0)?;
+    // The reader's own page: worth waiting a little for (other readers release the folios
+    // they hold, and evicted memory comes back after a grace period).
+    let mut tries = 0;
+    let folio = loop {
+        match file.cache().alloc_for_readahead(0) {
+            Ok(folio) => break folio,
+            Err(Error::NoMemory { .. }) if tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Err(error) => return Err(error),
+        }
+    };
     match file.mapping.add_folio(&folio, index) {
         Ok(_) => {}
         Err(Error::Exists { .. }) => return Ok(None),
