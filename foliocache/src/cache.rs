@@ -72,6 +72,7 @@ pub struct CacheBuilder {
     io_engine: EngineKind,
     ra_bytes: u64,
     io_bytes: u64,
+    request_bytes: usize,
 }
 
 impl Default for CacheBuilder {
@@ -85,6 +86,7 @@ impl Default for CacheBuilder {
             io_engine: EngineKind::Auto,
             ra_bytes: DEFAULT_RA_PAGES << PAGE_SHIFT,
             io_bytes: DEFAULT_IO_BYTES,
+            request_bytes: crate::io::DEFAULT_REQUEST_BYTES,
         }
     }
 }
@@ -140,6 +142,13 @@ impl CacheBuilder {
         self
     }
 
+    /// The largest single read readahead submits, in bytes (rounded down to pages, at least
+    /// one page; default 128 KiB): a window is split into requests of this size.
+    pub fn io_request_bytes(mut self, bytes: usize) -> Self {
+        self.request_bytes = bytes;
+        self
+    }
+
     /// The device's largest useful request in bytes (the kernel's `bdi->io_pages`): a read
     /// larger than the window may read up to this much at once, and `readahead()` reads at
     /// most the larger of this and the window. Default 2 MiB.
@@ -180,6 +189,7 @@ impl CacheBuilder {
                 engine: OnceLock::new(),
                 ra_pages: self.ra_bytes >> PAGE_SHIFT,
                 io_pages: (self.io_bytes >> PAGE_SHIFT).max(1),
+                request_bytes: (self.request_bytes & !(PAGE_SIZE - 1)).max(PAGE_SIZE),
             }),
         })
     }
@@ -198,6 +208,8 @@ pub(crate) struct CacheInner {
     pub(crate) ra_pages: u64,
     /// The device's largest useful request, in pages.
     pub(crate) io_pages: u64,
+    /// The largest single read readahead submits, in bytes.
+    pub(crate) request_bytes: usize,
 }
 
 /// Pages one eviction pass tries to free at least (so a stream does not evict page by page).

@@ -16,13 +16,13 @@
 //!   under its own lock hold.
 //!
 //! Both insert the same folios at the same indexes and set the same mark, and both hand the
-//! backend one batch of requests (one per contiguous run, split at `MAX_IO_BYTES`).
+//! backend one batch of requests (one per contiguous run, split at the cache's request size).
 
 use crate::cache::InsertPolicy;
 use crate::error::Error;
 use crate::file::FileInner;
 use crate::index::RangeStop;
-use crate::io::{MAX_IO_BYTES, ReadRequest};
+use crate::io::ReadRequest;
 use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE, flag};
 use crate::sync::unmodelled::Counter;
 use std::sync::Arc;
@@ -646,8 +646,9 @@ impl<'f> Submission<'f> {
         let nr = 1u64 << slot.order;
         let offset = slot.index << PAGE_SHIFT;
         let len = (nr as usize) * PAGE_SIZE;
+        let limit = self.file.cache_inner.request_bytes;
         let extend = matches!(&self.run, Some((first, _, bytes))
-            if first + *bytes as u64 == offset && *bytes + len <= MAX_IO_BYTES);
+            if first + *bytes as u64 == offset && *bytes + len <= limit);
         if !extend {
             self.end_run();
             self.run = Some((offset, Vec::new(), 0));

@@ -60,6 +60,9 @@ pub(crate) struct BenchArgs {
     /// Maximum readahead window in KiB for the disk suites (default 2048).
     #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(0..=1048576))]
     pub(crate) ra_kb: Option<u64>,
+    /// Largest single read in KiB for the disk suites (default 128).
+    #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(4..=65536))]
+    pub(crate) request_kb: Option<u64>,
 }
 
 impl BenchArgs {

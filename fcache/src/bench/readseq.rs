@@ -17,7 +17,7 @@
 //! A second case runs the cache with a quarter of the data set as capacity (eviction on).
 
 use super::BenchArgs;
-use super::report::{Figure, Plot, Report, interleaved};
+use super::report::{Figure, Plot, Ratio, Report, interleaved};
 use foliocache::{Cache, InsertPolicy};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -38,6 +38,24 @@ const SYSTEMS: [&str; 4] = [
 struct Sizes {
     file: u64,
     ra_bytes: u64,
+    request_bytes: usize,
+}
+
+/// The kernel's maximum readahead window for the disk holding `dir`, in KiB (its
+/// `read_ahead_kb`), when sysfs tells.
+fn kernel_read_ahead_kb(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(dir).ok()?.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let base = format!("/sys/dev/block/{major}:{minor}");
+    // A partition's queue settings are its disk's.
+    [
+        format!("{base}/queue/read_ahead_kb"),
+        format!("{base}/../queue/read_ahead_kb"),
+    ]
+    .iter()
+    .find_map(|path| std::fs::read_to_string(path).ok()?.trim().parse().ok())
 }
 
 /// Where the data files go: `--dir`, else the system temporary directory, else the results
@@ -226,15 +244,21 @@ fn drop_kernel_cache(paths: &[PathBuf]) -> Result<(), String> {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
+    let dir = data_dir(args)?;
+    // The same maximum window as the kernel uses on that disk, unless asked otherwise.
+    let kernel_ra_kb = kernel_read_ahead_kb(&dir);
+    let ra_kb = args.ra_kb.or(kernel_ra_kb).unwrap_or(2048);
     let sizes = if args.full {
         Sizes {
             file: 1 << 30,
-            ra_bytes: args.ra_kb.unwrap_or(2048) << 10,
+            ra_bytes: ra_kb << 10,
+            request_bytes: (args.request_kb.unwrap_or(128) << 10) as usize,
         }
     } else {
         Sizes {
             file: 256 << 20,
-            ra_bytes: args.ra_kb.unwrap_or(2048) << 10,
+            ra_bytes: ra_kb << 10,
+            request_bytes: (args.request_kb.unwrap_or(128) << 10) as usize,
         }
     };
     let threads_list: Vec<usize> = args
@@ -254,7 +278,6 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         ..sizes
     };
     let reps = args.reps();
-    let dir = data_dir(args)?;
     let max_threads = max_threads as usize;
     let mut report = Report::new(
         "readseq",
@@ -264,6 +287,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "threads": threads_list,
             "reps": reps,
             "readahead_max_bytes": sizes.ra_bytes,
+            "kernel_read_ahead_kb": kernel_ra_kb,
+            "request_bytes": sizes.request_bytes,
             "folio_order": 0,
             "dir": dir.display().to_string(),
         }),
@@ -292,7 +317,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             // policy, on the same memory. (Two caches built one after the other gave the
             // first-built one 20-30% less throughput with the very same policy: this VM's
             // memory is not uniformly fast.)
-            let cache = build_cache(capacity, sizes.ra_bytes)?;
+            let cache = build_cache(capacity, sizes.ra_bytes, sizes.request_bytes)?;
             let opened: Vec<Vec<foliocache::File>> = [InsertPolicy::Batched, InsertPolicy::Single]
                 .iter()
                 .map(|&insert| {
@@ -398,6 +423,28 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         .push(Figure::new(&case, system, metric, &v, busy));
                 }
             }
+            // Ratios of each round's own pair (both measured minutes apart at most), whose
+            // median is steadier than a ratio of medians when the disk's speed drifts.
+            let mut paired = |a: usize, b: usize| {
+                let mut r: Vec<f64> = samples[a]
+                    .iter()
+                    .zip(&samples[b])
+                    .map(|(x, y)| x / y)
+                    .collect();
+                r.sort_by(f64::total_cmp);
+                report.ratios.push(Ratio {
+                    case: case.clone(),
+                    what: format!(
+                        "{} / {} (ops/s, median of per-round ratios)",
+                        SYSTEMS[a], SYSTEMS[b]
+                    ),
+                    ratio: r[r.len() / 2],
+                });
+            };
+            paired(0, 1);
+            if !over {
+                paired(0, 2);
+            }
             report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[1]);
             if !over {
                 report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[2]);
@@ -423,7 +470,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 per_case.insert(
                     name.into(),
                     json!({
-                        "lock_acquisitions_per_window": locks as f64 / wins.max(1) as f64,
+                        "mapping_lock_acquisitions_per_window (insertions, and evictions when over capacity)": locks as f64 / wins.max(1) as f64,
                         "readahead": format!("{ra:?}"),
                         "io": format!("{io:?}"),
                         "engine": cache.io_engine(),
@@ -442,10 +489,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     report.counters = serde_json::Value::Object(counters);
     report.notes.push(format!(
         "Readahead: at most {} KiB per window, 4 KiB folios (a mapping without large folios, \
-         the path seed 000 batches); requests of at most 128 KiB. The kernel side uses this \
-         disk's own read_ahead_kb. The over-capacity case gives the cache a quarter of the data \
+         the path seed 000 batches); requests of at most {} KiB. The kernel side uses this \
+         disk's own read_ahead_kb ({}), which is also foliocache's window unless --ra-kb says \
+         otherwise. The over-capacity case gives the cache a quarter of the data \
          set: eviction runs all along.",
-        sizes.ra_bytes >> 10
+        sizes.ra_bytes >> 10,
+        sizes.request_bytes >> 10,
+        kernel_ra_kb.map_or_else(|| "unknown".to_string(), |kb| format!("{kb} KiB"))
     ));
     for metric in ["ops/s", "MiB/s"] {
         let cases: Vec<String> = report
@@ -519,8 +569,9 @@ fn device_read(paths: &[PathBuf]) -> Result<f64, String> {
     Ok(bytes as f64 / start.elapsed().as_secs_f64())
 }
 
-fn build_cache(capacity: u64, ra_bytes: u64) -> Result<Cache, String> {
+fn build_cache(capacity: u64, ra_bytes: u64, request_bytes: usize) -> Result<Cache, String> {
     Cache::builder()
+        .io_request_bytes(request_bytes)
         .capacity(capacity.div_ceil(2 << 20) * (2 << 20))
         .prefault(true)
         .readahead_bytes(ra_bytes)

@@ -2,8 +2,8 @@
 //! `->read_folio`), the direct-file backend and the I/O engines behind it.
 //!
 //! Readahead hands a backend a list of [`ReadRequest`]s, one per contiguous run of locked,
-//! not-uptodate folios (split at [`MAX_IO_BYTES`] so one window becomes several I/Os in
-//! flight). The backend starts them and returns; each request is completed later, on any thread,
+//! not-uptodate folios (split at the cache's request size, [`DEFAULT_REQUEST_BYTES`] unless
+//! changed, so one window becomes several I/Os in flight). The backend starts them and returns; each request is completed later, on any thread,
 //! with [`ReadRequest::complete`], which marks its folios uptodate (or failed), unlocks them and
 //! wakes their waiters: `folio_end_read` in the kernel. A request dropped without being completed
 //! completes as failed, so no reader can wait forever on a folio whose read was lost.
@@ -32,10 +32,10 @@ use std::fmt;
 use std::io;
 use std::sync::Arc;
 
-/// The largest single I/O readahead submits: a window is split into requests of at most this
-/// many bytes, so a large window keeps several I/Os in flight (the device here is fastest at
-/// 128 KiB and queue depth 32, see `baselines.md` §6).
-pub const MAX_IO_BYTES: usize = 128 << 10;
+/// The default largest single I/O readahead submits: a window is split into requests of at most
+/// this many bytes, so a large window keeps several I/Os in flight (the device here did best at
+/// 128 KiB and queue depth 32 in `baselines.md` §6). `CacheBuilder::io_request_bytes` changes it.
+pub const DEFAULT_REQUEST_BYTES: usize = 128 << 10;
 
 /// Where a file's bytes come from (the kernel's address-space operations for reads).
 ///
