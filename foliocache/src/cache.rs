@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Runtime choices between each optimisation's "before" and "after" (the default is "after").
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Policy {
     /// The folio reference-count protocol (seed 002).
     pub refcount: RefcountPolicy,
@@ -23,6 +23,21 @@ pub struct Policy {
     pub small_read: SmallReadPolicy,
     /// How readahead inserts a window's folios (seeds 000/003).
     pub insert: InsertPolicy,
+    /// The folio order of executable regions' fault windows (seed 001): 4 = 64 KiB, the
+    /// default (arm64's choice); 0 = the behaviour before the seed (plain read-around).
+    pub exec_order: u8,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            refcount: RefcountPolicy::default(),
+            read: ReadPolicy::default(),
+            small_read: SmallReadPolicy::default(),
+            insert: InsertPolicy::default(),
+            exec_order: 4,
+        }
+    }
 }
 
 /// How readahead inserts the folios of a window into the index (seeds 000/003).

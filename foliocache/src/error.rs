@@ -165,4 +165,13 @@ pub enum Error {
     /// A memory file operation was asked of a read-only file opened from storage.
     #[error("files opened from storage are read only in this cache")]
     ReadOnly,
+    /// A fault outside its region or past end of file (the kernel's SIGBUS).
+    #[error("page {index} is outside the region or past end of file")]
+    FaultOutOfRange {
+        /// The page index.
+        index: u64,
+    },
+    /// A region of zero bytes.
+    #[error("a region must cover at least one byte")]
+    EmptyRegion,
 }

@@ -25,6 +25,7 @@ compile_error!("foliocache needs a 64-bit target");
 
 mod cache;
 mod error;
+pub mod fault;
 pub mod file;
 pub mod index;
 pub mod io;
@@ -37,6 +38,7 @@ mod sync;
 
 pub use cache::{Cache, CacheBuilder, InsertPolicy, Policy, ReadPolicy, SmallReadPolicy, Stats};
 pub use error::Error;
+pub use fault::{Fault, Region, RegionHint};
 pub use file::{Advice, CachedRange, File, Handle, PageState};
 pub use io::{Backend, EngineKind, IoMode, IoStats, OpenOptions, ReadRequest};
 pub use mapping::{FolioBatch, Mapping, MappingStats, MappingView};

@@ -476,7 +476,11 @@ fn get_pages<'f>(
 /// The kernel's `filemap_update_page` for a folio that is not uptodate: waits for a read in
 /// flight, or reads it synchronously if none is (readahead skipped it, or its read failed).
 /// Returns whether the folio is now uptodate and still in the file (`false`: look it up again).
-fn update_page(file: &FileInner, ra: &mut RaState, folio: &FolioRef<'_>) -> Result<bool, Error> {
+pub(crate) fn update_page(
+    file: &FileInner,
+    ra: &mut RaState,
+    folio: &FolioRef<'_>,
+) -> Result<bool, Error> {
     let mapping = &file.mapping;
     if !folio.try_lock() {
         // A read in flight: wait for it, then look again (it may have failed, or the folio
@@ -529,7 +533,10 @@ fn read_locked_folio(
 
 /// The kernel's `filemap_create_folio`: readahead produced no folio at `index`, so insert one
 /// page and read it. `None` if another reader inserted one first (look it up again).
-fn create_folio<'f>(file: &'f Arc<FileInner>, index: u64) -> Result<Option<FolioRef<'f>>, Error> {
+pub(crate) fn create_folio<'f>(
+    file: &'f Arc<FileInner>,
+    index: u64,
+) -> Result<Option<FolioRef<'f>>, Error> {
     // The reader's own page: worth waiting a little for (other readers release the folios
     // they hold, and evicted memory comes back after a grace period).
     let mut tries = 0;

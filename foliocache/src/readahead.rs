@@ -2,10 +2,10 @@
 //! window fill, batched (seed 000/003) or one folio per lock hold.
 //!
 //! The decisions are pure functions of a reader's [`RaState`], the request and what the index
-//! holds (through [`Probe`]): [`sync_ra`] on a miss, [`async_ra`] on a folio carrying the
-//! READAHEAD mark, [`force_ra`] for `readahead(2)`/`WillNeed`. Each returns a [`Fill`]: which
-//! pages to insert, in which folio orders, and where the next mark goes. [`fill`] then
-//! allocates, inserts and submits the reads.
+//! holds (through `Probe`): `sync_ra` on a miss, `async_ra` on a folio carrying the READAHEAD
+//! mark, `force_fill` for `readahead(2)`/`WillNeed`. Each returns a `Fill`: which pages to
+//! insert, in which folio orders, and where the next mark goes. `fill` then allocates, inserts
+//! and submits the reads.
 //!
 //! The fill, by `Policy::insert`:
 //! - `Batched`: allocate every folio of the window first (outside any lock), then insert each
@@ -392,6 +392,42 @@ pub struct RaStats {
     /// Folios read one at a time by a reader (readahead gave nothing, or a retry after an
     /// error).
     pub read_folio: u64,
+    /// Fault read-around windows (mapped access).
+    pub read_around: u64,
+    /// Fault windows in the exec folio order (seed 001).
+    pub exec_windows: u64,
+    /// Faults that read nothing ahead because the region missed too often (`mmap_miss`).
+    pub mmap_gave_up: u64,
+}
+
+impl std::ops::Add for RaStats {
+    type Output = Self;
+
+    /// Field-wise sums (counters of several files).
+    fn add(self, b: Self) -> Self {
+        Self {
+            sync_fresh: self.sync_fresh + b.sync_fresh,
+            sync_context: self.sync_context + b.sync_context,
+            sync_random: self.sync_random + b.sync_random,
+            forced: self.forced + b.forced,
+            async_pipelined: self.async_pipelined + b.async_pipelined,
+            async_recovered: self.async_recovered + b.async_recovered,
+            async_skipped: self.async_skipped + b.async_skipped,
+            windows: self.windows + b.windows,
+            pages: self.pages + b.pages,
+            folios: self.folios + b.folios,
+            marks: self.marks + b.marks,
+            windows_at_eof: self.windows_at_eof + b.windows_at_eof,
+            present_skips: self.present_skips + b.present_skips,
+            order_fallbacks: self.order_fallbacks + b.order_fallbacks,
+            batch_alloc_fallbacks: self.batch_alloc_fallbacks + b.batch_alloc_fallbacks,
+            out_of_memory: self.out_of_memory + b.out_of_memory,
+            read_folio: self.read_folio + b.read_folio,
+            read_around: self.read_around + b.read_around,
+            exec_windows: self.exec_windows + b.exec_windows,
+            mmap_gave_up: self.mmap_gave_up + b.mmap_gave_up,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -413,6 +449,9 @@ pub(crate) struct RaCounters {
     pub(crate) batch_alloc_fallbacks: Counter,
     pub(crate) out_of_memory: Counter,
     pub(crate) read_folio: Counter,
+    pub(crate) read_around: Counter,
+    pub(crate) exec_windows: Counter,
+    pub(crate) mmap_gave_up: Counter,
 }
 
 impl RaCounters {
@@ -447,6 +486,9 @@ impl RaCounters {
             batch_alloc_fallbacks: self.batch_alloc_fallbacks.get(),
             out_of_memory: self.out_of_memory.get(),
             read_folio: self.read_folio.get(),
+            read_around: self.read_around.get(),
+            exec_windows: self.exec_windows.get(),
+            mmap_gave_up: self.mmap_gave_up.get(),
         }
     }
 }

@@ -456,16 +456,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 let ra = opened[k]
                     .iter()
                     .map(foliocache::File::readahead_stats)
-                    .fold(foliocache::RaStats::default(), add_ra);
-                let io = opened[k].iter().map(foliocache::File::io_stats).fold(
-                    foliocache::IoStats::default(),
-                    |a, b| foliocache::IoStats {
-                        requests: a.requests + b.requests,
-                        bytes: a.bytes + b.bytes,
-                        errors: a.errors + b.errors,
-                        short_at_eof: a.short_at_eof + b.short_at_eof,
-                    },
-                );
+                    .fold(foliocache::RaStats::default(), |a, b| a + b);
+                let io = opened[k]
+                    .iter()
+                    .map(foliocache::File::io_stats)
+                    .fold(foliocache::IoStats::default(), |a, b| a + b);
                 let (locks, wins) = windows[k];
                 per_case.insert(
                     name.into(),
@@ -577,26 +572,4 @@ fn build_cache(capacity: u64, ra_bytes: u64, request_bytes: usize) -> Result<Cac
         .readahead_bytes(ra_bytes)
         .build()
         .map_err(|e| e.to_string())
-}
-
-fn add_ra(a: foliocache::RaStats, b: foliocache::RaStats) -> foliocache::RaStats {
-    foliocache::RaStats {
-        sync_fresh: a.sync_fresh + b.sync_fresh,
-        sync_context: a.sync_context + b.sync_context,
-        sync_random: a.sync_random + b.sync_random,
-        forced: a.forced + b.forced,
-        async_pipelined: a.async_pipelined + b.async_pipelined,
-        async_recovered: a.async_recovered + b.async_recovered,
-        async_skipped: a.async_skipped + b.async_skipped,
-        windows: a.windows + b.windows,
-        pages: a.pages + b.pages,
-        folios: a.folios + b.folios,
-        marks: a.marks + b.marks,
-        windows_at_eof: a.windows_at_eof + b.windows_at_eof,
-        present_skips: a.present_skips + b.present_skips,
-        order_fallbacks: a.order_fallbacks + b.order_fallbacks,
-        batch_alloc_fallbacks: a.batch_alloc_fallbacks + b.batch_alloc_fallbacks,
-        out_of_memory: a.out_of_memory + b.out_of_memory,
-        read_folio: a.read_folio + b.read_folio,
-    }
 }

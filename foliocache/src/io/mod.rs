@@ -68,6 +68,20 @@ pub struct IoStats {
     pub short_at_eof: u64,
 }
 
+impl std::ops::Add for IoStats {
+    type Output = Self;
+
+    /// Field-wise sums (counters of several files).
+    fn add(self, b: Self) -> Self {
+        Self {
+            requests: self.requests + b.requests,
+            bytes: self.bytes + b.bytes,
+            errors: self.errors + b.errors,
+            short_at_eof: self.short_at_eof + b.short_at_eof,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct IoCounters {
     requests: Counter,
