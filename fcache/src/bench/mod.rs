@@ -3,6 +3,7 @@
 //! results as a Markdown table, a JSON file and an SVG plot.
 
 mod core;
+mod exec;
 mod readseq;
 pub(crate) mod report;
 mod seqread;
@@ -28,6 +29,9 @@ pub(crate) enum Suite {
     /// 8 KiB records from a cold cache; batched vs single insertion vs the kernel's buffered
     /// reads, with the device's O_DIRECT ceiling.
     Readseq,
+    /// Seed 001's folio-size table: random faults inside an ELF file's executable segments,
+    /// exec_order 0 (plain read-around) vs 4 (64 KiB folios).
+    Exec,
 }
 
 #[derive(Debug, Args)]
@@ -63,6 +67,9 @@ pub(crate) struct BenchArgs {
     /// Largest single read in KiB for the disk suites (default 128).
     #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(4..=65536))]
     pub(crate) request_kb: Option<u64>,
+    /// The ELF executable for the exec suite (default: this fcache binary).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) elf: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -86,6 +93,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
             Suite::Seqread => seqread::run(args)?,
             Suite::Smallread => smallread::run(args)?,
             Suite::Readseq => readseq::run(args)?,
+            Suite::Exec => exec::run(args)?,
         };
         let json_path = match (&args.json, suites.len()) {
             (Some(path), 1) => path.clone(),
