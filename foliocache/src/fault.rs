@@ -182,21 +182,22 @@ struct FaultState<'a> {
 }
 
 impl FaultState<'_> {
+    /// Whether misses read exec windows (seed 001) rather than around the fault.
+    fn exec_window(&self, file: &FileInner) -> bool {
+        self.hint == RegionHint::Exec && file.policy.exec_order > 0
+    }
+
     /// `do_sync_mmap_readahead` (see the module comment).
     fn sync_readahead(&mut self, file: &Arc<FileInner>, index: u64) {
         let Some(disk) = file.disk() else { return };
         let ra_pages = self.ra.ra_pages;
         let exec_order = file.policy.exec_order;
-        let exec = self.hint == RegionHint::Exec && exec_order > 0;
+        let exec = self.exec_window(file);
         if self.hint == RegionHint::Random || ra_pages == 0 {
             return;
         }
         if self.hint == RegionHint::Sequential {
-            let geometry = file.geometry();
-            let (trigger, fill) =
-                readahead::sync_ra(self.ra, index, ra_pages, &geometry, &file.mapping);
-            disk.ra.count(trigger);
-            readahead::fill(file, self.ra, fill);
+            readahead::on_miss(file, self.ra, index, ra_pages);
             return;
         }
         if !exec {
@@ -227,32 +228,15 @@ impl FaultState<'_> {
 
     /// `do_async_mmap_readahead` (see the module comment).
     fn async_readahead(&mut self, file: &Arc<FileInner>, folio: &FolioRef<'_>) {
-        let Some(disk) = file.disk() else { return };
         if self.hint == RegionHint::Random || self.ra.ra_pages == 0 {
             return;
         }
-        let counts_misses = self.hint == RegionHint::Normal
-            || (self.hint == RegionHint::Exec && file.policy.exec_order == 0);
+        let counts_misses =
+            matches!(self.hint, RegionHint::Normal | RegionHint::Exec) && !self.exec_window(file);
         if counts_misses && !folio.test(flag::LOCKED) {
             *self.mmap_miss = self.mmap_miss.saturating_sub(1);
         }
-        if folio.test(flag::READAHEAD) && folio.clear(flag::READAHEAD) {
-            let geometry = file.geometry();
-            let ra_pages = self.ra.ra_pages;
-            match readahead::async_ra(
-                self.ra,
-                folio.index(),
-                folio.nr_pages() as u64,
-                ra_pages,
-                &geometry,
-                &file.mapping,
-            ) {
-                Some((trigger, fill)) => {
-                    disk.ra.count(trigger);
-                    readahead::fill(file, self.ra, fill);
-                }
-                None => disk.ra.async_skipped.inc(),
-            }
-        }
+        let ra_pages = self.ra.ra_pages;
+        readahead::on_folio(file, self.ra, folio, ra_pages);
     }
 }

@@ -235,33 +235,17 @@ impl File {
     /// Waits until no read of this file is in flight (every cached folio unlocked): what
     /// readahead started has then settled, uptodate or failed.
     pub fn wait_for_io(&self) {
-        let mapping = &self.inner.mapping;
-        let mut index = 0;
-        while let Some(next) = mapping.index().next_present(index, u64::MAX) {
-            let Some(folio) = mapping.lookup(next) else {
-                index = next + 1;
-                continue;
-            };
-            folio.wait_unlocked();
-            index = folio.index() + folio.nr_pages() as u64;
-            if index == 0 {
-                break;
-            }
-        }
+        self.inner
+            .mapping
+            .for_each_cached(0, u64::MAX, |folio| folio.wait_unlocked());
     }
 
     /// The cached page ranges of the file, in order: runs of folios that are adjacent in the
     /// file and share their state (uptodate, failed, or a read in flight), with the pages that
     /// carry a READAHEAD mark. What `fincore` or `vmtouch` show for the kernel's cache.
     pub fn cached_ranges(&self) -> Vec<CachedRange> {
-        let mapping = &self.inner.mapping;
         let mut out: Vec<CachedRange> = Vec::new();
-        let mut index = 0;
-        while let Some(next) = mapping.index().next_present(index, u64::MAX) {
-            let Some(folio) = mapping.lookup(next) else {
-                index = next + 1;
-                continue;
-            };
+        self.inner.mapping.for_each_cached(0, u64::MAX, |folio| {
             let state = if folio.is_uptodate() {
                 PageState::Uptodate
             } else if folio.test(crate::mem::flag::LOCKED) {
@@ -271,7 +255,6 @@ impl File {
             };
             let first = folio.index();
             let pages = folio.nr_pages() as u64;
-            let marked = folio.test(crate::mem::flag::READAHEAD);
             match out.last_mut() {
                 Some(last) if last.first + last.pages == first && last.state == state => {
                     last.pages += pages;
@@ -287,14 +270,12 @@ impl File {
                     marks: Vec::new(),
                 }),
             }
-            if marked && let Some(last) = out.last_mut() {
+            if folio.test(crate::mem::flag::READAHEAD)
+                && let Some(last) = out.last_mut()
+            {
                 last.marks.push(first);
             }
-            index = first + pages;
-            if index == 0 {
-                break;
-            }
-        }
+        });
         out
     }
 
@@ -312,26 +293,20 @@ impl File {
         } else {
             offset.saturating_add(len).div_ceil(PAGE_SIZE as u64)
         };
+        if end <= first {
+            return 0;
+        }
         let mut dropped = 0;
-        let mut index = first;
-        while index < end {
-            // Jump to the next cached page (one index walk), then take what is there.
-            let next = mapping.index().next_present(index, end - 1);
-            let Some(next) = next else { break };
-            let Some(folio) = mapping.lookup(next) else {
-                index = next + 1;
-                continue;
-            };
-            index = folio.index() + folio.nr_pages() as u64;
-            let whole = folio.index() >= first && index <= end;
+        mapping.for_each_cached(first, end - 1, |folio| {
+            let whole = folio.index() >= first && folio.index() + folio.nr_pages() as u64 <= end;
             if !whole || folio.test(crate::mem::flag::LOCKED) {
-                continue;
+                return;
             }
             let pages = folio.nr_pages() as u64;
             if mapping.remove_folio(folio, None).is_ok() {
                 dropped += pages;
             }
-        }
+        });
         dropped
     }
 

@@ -679,6 +679,29 @@ impl Mapping {
         total
     }
 
+    /// Calls `f` with each folio cached in pages `first..=last`, in order, referenced: one
+    /// index walk to the next cached page, then a lookup there. A folio is visited once even
+    /// if large, and may start before `first`.
+    pub(crate) fn for_each_cached(&self, first: u64, last: u64, mut f: impl FnMut(FolioRef<'_>)) {
+        let mut index = first;
+        while let Some(next) = self.index().next_present(index, last) {
+            let Some(folio) = self.lookup(next) else {
+                // Removed meanwhile: go on after it.
+                match next.checked_add(1) {
+                    Some(after) => index = after,
+                    None => return,
+                }
+                continue;
+            };
+            let after = folio.index().checked_add(folio.nr_pages() as u64);
+            f(folio);
+            match after {
+                Some(after) if after <= last => index = after,
+                _ => return,
+            }
+        }
+    }
+
     /// The first page index at or after `index` with no folio, scanning at most `max_scan`
     /// (see [`Index::next_miss`]).
     pub fn next_miss(&self, index: u64, max_scan: u64) -> u64 {

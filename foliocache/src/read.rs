@@ -327,43 +327,11 @@ pub(crate) fn read_disk(
     buf: &mut [u8],
     pos: u64,
 ) -> Result<usize, Error> {
-    let mapping = &file.mapping;
-    let size = mapping.size();
-    if buf.is_empty() || pos >= size {
-        return Ok(0);
-    }
-    let end = pos + (size - pos).min(buf.len() as u64);
-    let last = (end - 1) >> PAGE_SHIFT;
-    let mut at = pos;
-    let mut batch = FolioBatch::new();
-    let mut failure = None;
-    while at < end {
-        if let Err(error) = get_pages(file, ra, at >> PAGE_SHIFT, last, &mut batch) {
-            failure = Some(error);
-            break;
-        }
-        for folio in batch.folios() {
-            let first = folio.index() << PAGE_SHIFT;
-            let Some(bytes) = folio.bytes() else { break };
-            if first > at || at >= end {
-                break;
-            }
-            let n = ((first + bytes.len() as u64).min(end) - at) as usize;
-            let done = (at - pos) as usize;
-            let from = (at - first) as usize;
+    walk_disk(file, ra, pos, buf.len(), |folio, from, n, done| {
+        if let Some(bytes) = folio.bytes() {
             buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
-            at += n as u64;
         }
-        batch.clear();
-    }
-    let n = (at - pos) as usize;
-    match failure {
-        Some(error) if n == 0 => Err(error),
-        _ => {
-            ra.prev_pos = at as i64;
-            Ok(n)
-        }
-    }
+    })
 }
 
 /// The zero-copy read of a file backed by storage: like [`read_disk`], but the run borrows the
@@ -374,11 +342,28 @@ pub(crate) fn read_folios_disk<'f>(
     pos: u64,
     len: usize,
 ) -> Result<ReadRun<'f>, Error> {
-    let mapping = &file.mapping;
-    let size = mapping.size();
     let mut run = ReadRun::default();
+    walk_disk(file, ra, pos, len, |folio, start, len, _| {
+        run.len += len;
+        run.slices.push(Slice::Folio { folio, start, len });
+    })?;
+    Ok(run)
+}
+
+/// Walks `pos..pos + len` of a backed file (clipped at end of file) in uptodate folios, in
+/// order, handing each piece to `take(folio, offset in the folio, bytes, offset in the read)`.
+/// Returns the bytes walked; an error only if not one byte could be read (otherwise the read
+/// is short). Updates the reader's position for readahead.
+fn walk_disk<'f>(
+    file: &'f Arc<FileInner>,
+    ra: &mut RaState,
+    pos: u64,
+    len: usize,
+    mut take: impl FnMut(FolioRef<'f>, usize, usize, usize),
+) -> Result<usize, Error> {
+    let size = file.mapping.size();
     if len == 0 || pos >= size {
-        return Ok(run);
+        return Ok(0);
     }
     let end = pos + (size - pos).min(len as u64);
     let last = (end - 1) >> PAGE_SHIFT;
@@ -386,7 +371,7 @@ pub(crate) fn read_folios_disk<'f>(
     let mut batch = FolioBatch::new();
     while at < end {
         if let Err(error) = get_pages(file, ra, at >> PAGE_SHIFT, last, &mut batch) {
-            if run.len == 0 {
+            if at == pos {
                 return Err(error);
             }
             break;
@@ -397,17 +382,12 @@ pub(crate) fn read_folios_disk<'f>(
                 break;
             }
             let n = ((first + folio.len() as u64).min(end) - at) as usize;
-            run.len += n;
-            run.slices.push(Slice::Folio {
-                folio,
-                start: (at - first) as usize,
-                len: n,
-            });
+            take(folio, (at - first) as usize, n, (at - pos) as usize);
             at += n as u64;
         }
     }
     ra.prev_pos = at as i64;
-    Ok(run)
+    Ok((at - pos) as usize)
 }
 
 /// The kernel's `filemap_get_pages`: fills `batch` with uptodate folios from page `index`
@@ -421,14 +401,13 @@ fn get_pages<'f>(
     batch: &mut FolioBatch<'f>,
 ) -> Result<(), Error> {
     let mapping = &file.mapping;
-    let disk = file.disk().ok_or(Error::NotADiskFile)?;
+    if file.disk().is_none() {
+        return Err(Error::NotADiskFile);
+    }
     loop {
         mapping.get_read_batch(index, last, BatchEnd::AtNotReady, batch);
         if batch.is_empty() {
-            let (trigger, fill) =
-                readahead::sync_ra(ra, index, last + 1 - index, &file.geometry(), mapping);
-            disk.ra.count(trigger);
-            readahead::fill(file, ra, fill);
+            readahead::on_miss(file, ra, index, last + 1 - index);
             mapping.get_read_batch(index, last, BatchEnd::AtNotReady, batch);
             if batch.is_empty() {
                 // Readahead read nothing here (disabled, out of memory, or raced): read this
@@ -439,21 +418,10 @@ fn get_pages<'f>(
                 }
             }
         }
-        let Some(tail) = batch.folios().last() else {
-            continue;
-        };
-        if tail.test(flag::READAHEAD) && tail.clear(flag::READAHEAD) {
+        if let Some(tail) = batch.folios().last() {
             // The next window starts before this one's bytes are waited for.
-            let (tail_index, tail_pages) = (tail.index(), tail.nr_pages() as u64);
-            let geometry = file.geometry();
-            let request = (last + 1).saturating_sub(tail_index).max(1);
-            match readahead::async_ra(ra, tail_index, tail_pages, request, &geometry, mapping) {
-                Some((trigger, fill)) => {
-                    disk.ra.count(trigger);
-                    readahead::fill(file, ra, fill);
-                }
-                None => disk.ra.async_skipped.inc(),
-            }
+            let request = (last + 1).saturating_sub(tail.index()).max(1);
+            readahead::on_folio(file, ra, tail, request);
         }
         let Some(tail) = batch.folios().last() else {
             continue;

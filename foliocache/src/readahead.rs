@@ -20,7 +20,7 @@
 
 use crate::cache::InsertPolicy;
 use crate::error::Error;
-use crate::file::FileInner;
+use crate::file::{DiskSource, FileInner};
 use crate::index::RangeStop;
 use crate::io::ReadRequest;
 use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE, flag};
@@ -499,7 +499,7 @@ pub(crate) fn fill(file: &Arc<FileInner>, ra: &mut RaState, what: Fill) -> u64 {
     let Some(disk) = file.disk() else { return 0 };
     let geometry = file.geometry();
     let counters = &disk.ra;
-    let mut out = Submission::new(file);
+    let mut out = Submission::new(file, disk);
     match what {
         Fill::Window => {
             counters.windows.inc();
@@ -551,9 +551,37 @@ pub(crate) fn fill(file: &Arc<FileInner>, ra: &mut RaState, what: Fill) -> u64 {
     out.submit()
 }
 
+/// A reader missed page `index` and wants `req` pages from it: decide (`sync_ra`), count the
+/// decision, fill.
+pub(crate) fn on_miss(file: &Arc<FileInner>, ra: &mut RaState, index: u64, req: u64) {
+    let Some(disk) = file.disk() else { return };
+    let (trigger, what) = sync_ra(ra, index, req, &file.geometry(), &file.mapping);
+    disk.ra.count(trigger);
+    fill(file, ra, what);
+}
+
+/// A reader found `folio` and wants `req` pages from it: if the folio carries the READAHEAD
+/// mark, consume it (one reader does) and start the next window (`async_ra`), before anyone
+/// waits for this folio's bytes.
+pub(crate) fn on_folio(file: &Arc<FileInner>, ra: &mut RaState, folio: &FolioRef<'_>, req: u64) {
+    let Some(disk) = file.disk() else { return };
+    if !(folio.test(flag::READAHEAD) && folio.clear(flag::READAHEAD)) {
+        return;
+    }
+    let (index, pages) = (folio.index(), folio.nr_pages() as u64);
+    match async_ra(ra, index, pages, req, &file.geometry(), &file.mapping) {
+        Some((trigger, what)) => {
+            disk.ra.count(trigger);
+            fill(file, ra, what);
+        }
+        None => disk.ra.async_skipped.inc(),
+    }
+}
+
 /// The folios a fill inserted, grouped into read requests, submitted together at the end.
 struct Submission<'f> {
     file: &'f Arc<FileInner>,
+    disk: &'f DiskSource,
     /// The current contiguous run: first byte offset and folio ids.
     run: Option<(u64, Vec<u32>, usize)>,
     requests: Vec<ReadRequest>,
@@ -562,9 +590,10 @@ struct Submission<'f> {
 }
 
 impl<'f> Submission<'f> {
-    fn new(file: &'f Arc<FileInner>) -> Self {
+    fn new(file: &'f Arc<FileInner>, disk: &'f DiskSource) -> Self {
         Self {
             file,
+            disk,
             run: None,
             requests: Vec::new(),
             pages: 0,
@@ -583,11 +612,7 @@ impl<'f> Submission<'f> {
         if policy == InsertPolicy::Batched {
             match self.preallocate(slots) {
                 Some(folios) => return self.insert_batched(slots, folios, skip_present),
-                None => {
-                    if let Some(disk) = self.file.disk() {
-                        disk.ra.batch_alloc_fallbacks.inc();
-                    }
-                }
+                None => self.disk.ra.batch_alloc_fallbacks.inc(),
             }
         }
         self.insert_single(slots, skip_present)
@@ -657,9 +682,7 @@ impl<'f> Submission<'f> {
                 continue;
             }
             let Ok(folio) = cache.alloc_for_readahead(slot.order) else {
-                if let Some(disk) = self.file.disk() {
-                    disk.ra.out_of_memory.inc();
-                }
+                self.disk.ra.out_of_memory.inc();
                 return k;
             };
             if slot.mark {
@@ -678,9 +701,7 @@ impl<'f> Submission<'f> {
     }
 
     fn count_skip(&self) {
-        if let Some(disk) = self.file.disk() {
-            disk.ra.present_skips.inc();
-        }
+        self.disk.ra.present_skips.inc();
     }
 
     /// Adds an inserted (locked) folio to the current run.
@@ -701,23 +722,20 @@ impl<'f> Submission<'f> {
         }
         self.pages += nr;
         self.inserted.push((slot.index, folio.id()));
-        if let Some(disk) = self.file.disk() {
-            disk.ra.folios.inc();
-            if slot.mark {
-                disk.ra.marks.inc();
-            }
+        self.disk.ra.folios.inc();
+        if slot.mark {
+            self.disk.ra.marks.inc();
         }
     }
 
     fn end_run(&mut self) {
         if let Some((offset, ids, _)) = self.run.take() {
-            let disk = self.file.disk().expect("a fill runs on a disk file");
             self.requests.push(ReadRequest::new(
                 Arc::clone(&self.file.cache_inner),
-                Arc::clone(&disk.io),
+                Arc::clone(&self.disk.io),
                 ids,
                 offset,
-                disk.backend.size(),
+                self.disk.backend.size(),
             ));
         }
     }
@@ -725,9 +743,7 @@ impl<'f> Submission<'f> {
     /// Hands every request to the backend in one batch; returns the pages inserted.
     fn submit(mut self) -> u64 {
         self.end_run();
-        let Some(disk) = self.file.disk() else {
-            return 0;
-        };
+        let disk = self.disk;
         disk.ra.pages.add(self.pages);
         self.file
             .cache_inner

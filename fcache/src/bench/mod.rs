@@ -105,6 +105,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// A buffer of `bytes` whose every page was written (faulted in, host-resident).
+pub(crate) fn touched_buffer(bytes: usize) -> Vec<u8> {
+    let mut buffer = vec![0u8; bytes];
+    buffer.fill(1);
+    buffer
+}
+
 fn with_suffix(path: &std::path::Path, suite: &str) -> PathBuf {
     let stem = path
         .file_stem()

@@ -224,16 +224,6 @@ fn settle() {
     });
 }
 
-/// Touches and frees `bytes` of memory, so the kernel's page cache fill that follows finds
-/// host-resident memory (`baselines.md` §8).
-fn prewarm(bytes: u64) {
-    let mut v = vec![0u8; bytes as usize];
-    for page in v.chunks_mut(4096) {
-        page[0] = 1;
-    }
-    std::hint::black_box(&v);
-}
-
 fn drop_kernel_cache(paths: &[PathBuf]) -> Result<(), String> {
     for path in paths {
         let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
@@ -382,7 +372,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     }
                     2 => {
                         drop_kernel_cache(paths)?;
-                        prewarm(data);
+                        // Touch and free memory the size of the data set, so the kernel's fill
+                        // finds host-resident memory (`baselines.md` §8).
+                        drop(super::touched_buffer(data as usize));
                         pass(threads, sizes.file, &|t, at, buf| {
                             kernel_files[t].read_at(buf, at).map_err(|e| e.to_string())
                         })?

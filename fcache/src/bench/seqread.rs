@@ -12,8 +12,8 @@
 //!   buffer (the source is cold in CPU caches, as the cache's data is), and `memset` of a
 //!   block-size buffer (what a hole read can at best do).
 
-use super::BenchArgs;
 use super::report::{Figure, Plot, Report, fmt, interleaved};
+use super::{BenchArgs, touched_buffer};
 use foliocache::{Cache, File, ReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -429,12 +429,6 @@ impl Drop for HugeBuffer {
 }
 
 /// A buffer faulted in now (first touches are slow on this VM).
-fn touched_buffer(bytes: usize) -> Vec<u8> {
-    let mut buffer = vec![0u8; bytes];
-    buffer.fill(1);
-    buffer
-}
-
 fn ceilings(
     report: &mut Report,
     sizes: &Sizes,
