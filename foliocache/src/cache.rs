@@ -5,9 +5,9 @@ use crate::file::File;
 use crate::io::{Backend, DirectFile, Engine, EngineKind, OpenOptions};
 use crate::mapping::Mapping;
 use crate::mem::refcount::RefcountPolicy;
-use crate::mem::{FolioRef, MAX_ORDER, Memory, PAGE_SHIFT, PAGE_SIZE};
+use crate::mem::{FolioRef, MAX_ORDER, METADATA_BYTES_PER_PAGE, Memory, PAGE_SHIFT, PAGE_SIZE};
 use crate::readahead::DEFAULT_RA_PAGES;
-use crate::reclaim::{Reclaim, ReclaimStats};
+use crate::reclaim::{Reclaim, ReclaimPolicy, ReclaimStats};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -26,6 +26,9 @@ pub struct Policy {
     /// The folio order of executable regions' fault windows (seed 001): 4 = 64 KiB, the
     /// default (arm64's choice); 0 = the behaviour before the seed (plain read-around).
     pub exec_order: u8,
+    /// Which folios eviction picks (active/inactive lists with workingset detection, the
+    /// default; or the same lists without it; or one list, a clock approximating LRU).
+    pub reclaim: ReclaimPolicy,
 }
 
 impl Default for Policy {
@@ -36,6 +39,7 @@ impl Default for Policy {
             small_read: SmallReadPolicy::default(),
             insert: InsertPolicy::default(),
             exec_order: 4,
+            reclaim: ReclaimPolicy::default(),
         }
     }
 }
@@ -80,6 +84,7 @@ pub enum ReadPolicy {
 #[derive(Debug, Clone)]
 pub struct CacheBuilder {
     capacity: u64,
+    arena_pages: Option<usize>,
     max_order: u8,
     huge_pages: bool,
     prefault: bool,
@@ -94,6 +99,7 @@ impl Default for CacheBuilder {
     fn default() -> Self {
         Self {
             capacity: 256 << 20,
+            arena_pages: None,
             max_order: MAX_ORDER,
             huge_pages: false,
             prefault: false,
@@ -111,9 +117,22 @@ impl Default for CacheBuilder {
 const DEFAULT_IO_BYTES: u64 = 2 << 20;
 
 impl CacheBuilder {
-    /// Capacity in bytes: a positive multiple of 4096 (default 256 MiB).
+    /// The memory budget in bytes (default 256 MiB): a hard bound on folio memory and the
+    /// cache's metadata together (folio descriptors, reclaim list links, allocator words and
+    /// index nodes, see [`Stats`]). The arena gets what the per-page metadata leaves, and index
+    /// nodes are paid for with arena pages set aside as they grow. At least 64 KiB.
     pub fn capacity(mut self, bytes: u64) -> Self {
         self.capacity = bytes;
+        self.arena_pages = None;
+        self
+    }
+
+    /// Sizes the cache by its arena instead of a budget: exactly `pages` pages for folios, with
+    /// the metadata on top and index nodes not charged to the arena. For tests and
+    /// micro-benchmarks that count pages; [`capacity`](Self::capacity) is the bound to use
+    /// otherwise.
+    pub fn arena_pages(mut self, pages: usize) -> Self {
+        self.arena_pages = Some(pages);
         self
     }
 
@@ -176,21 +195,38 @@ impl CacheBuilder {
     /// a max order above 9; the arena mapping failing.
     pub fn build(self) -> Result<Cache, Error> {
         let page = PAGE_SIZE as u64;
-        if self.capacity == 0
-            || !self.capacity.is_multiple_of(page)
-            || self.capacity / page >= u64::from(u32::MAX)
-        {
-            return Err(Error::InvalidCapacity(self.capacity));
-        }
+        let per_page = page + METADATA_BYTES_PER_PAGE as u64;
+        let (pages, capacity, charge_index) = match self.arena_pages {
+            Some(pages) => {
+                if pages == 0 || pages as u64 >= u64::from(u32::MAX) {
+                    return Err(Error::InvalidCapacity(pages as u64 * page));
+                }
+                (pages, pages as u64 * per_page, false)
+            }
+            None => {
+                if self.capacity < MIN_CAPACITY
+                    || !self.capacity.is_multiple_of(page)
+                    || self.capacity / page >= u64::from(u32::MAX)
+                {
+                    return Err(Error::InvalidCapacity(self.capacity));
+                }
+                let pages = (self.capacity - FIXED_METADATA_BYTES) / per_page;
+                (pages as usize, self.capacity, true)
+            }
+        };
         if self.max_order > MAX_ORDER {
             return Err(Error::OrderTooLarge {
                 order: self.max_order,
                 max: MAX_ORDER,
             });
         }
-        let pages = usize::try_from(self.capacity / page)
-            .map_err(|_| Error::InvalidCapacity(self.capacity))?;
-        let mem = Memory::new(pages, self.max_order, self.huge_pages, self.policy.refcount)?;
+        let mem = Memory::new(
+            pages,
+            self.max_order,
+            self.huge_pages,
+            self.policy.refcount,
+            charge_index,
+        )?;
         if self.prefault {
             mem.prefault().map_err(Error::Prefault)?;
         }
@@ -198,8 +234,8 @@ impl CacheBuilder {
             inner: Arc::new(CacheInner {
                 mem,
                 policy: self.policy,
-                capacity: self.capacity,
-                reclaim: Reclaim::default(),
+                capacity,
+                reclaim: Reclaim::new(self.policy.reclaim, pages as u64),
                 engine_kind: self.io_engine,
                 engine: OnceLock::new(),
                 ra_pages: self.ra_bytes >> PAGE_SHIFT,
@@ -227,6 +263,13 @@ pub(crate) struct CacheInner {
     pub(crate) request_bytes: usize,
 }
 
+/// The smallest budget [`CacheBuilder::capacity`] accepts.
+const MIN_CAPACITY: u64 = 64 << 10;
+
+/// What the budget sets aside for metadata that does not grow with the arena (the allocator's
+/// per-thread caches and free-list heads, the lists' heads, the reserve's own vector).
+const FIXED_METADATA_BYTES: u64 = 16 << 10;
+
 /// Pages one eviction pass tries to free at least (so a stream does not evict page by page).
 const EVICT_BATCH_PAGES: u64 = 64;
 
@@ -246,7 +289,7 @@ impl CacheInner {
         match self.mem.alloc_folio(order) {
             Err(Error::NoMemory { .. }) => {
                 let want = (1u64 << order).max(EVICT_BATCH_PAGES);
-                if self.reclaim.evict(want) > 0 {
+                if self.reclaim.evict(&self.mem, want) > 0 {
                     // Evicted folios were published: they come back after a grace period
                     // (the allocator waits for it briefly).
                     self.mem.alloc_folio(order)
@@ -262,7 +305,8 @@ impl CacheInner {
 /// Memory statistics of a cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stats {
-    /// Configured capacity in bytes.
+    /// The memory budget in bytes (with [`CacheBuilder::arena_pages`]: the arena plus its
+    /// per-page metadata).
     pub capacity_bytes: u64,
     /// Pages in the arena.
     pub total_pages: u64,
@@ -273,6 +317,13 @@ pub struct Stats {
     pub pending_free_pages: u64,
     /// Bytes of folio descriptors (one per page).
     pub folio_table_bytes: u64,
+    /// Bytes of the reclaim lists' links and the allocator's per-page words.
+    pub list_and_allocator_bytes: u64,
+    /// Bytes of index nodes (every mapping's), allocated and not yet freed.
+    pub index_node_bytes: u64,
+    /// Arena pages set aside (and discarded) to pay for the index nodes; 0 when the cache was
+    /// sized with [`CacheBuilder::arena_pages`], which does not charge nodes.
+    pub index_reserve_pages: u64,
     /// The largest folio order.
     pub max_order: u8,
     /// Times the allocator's shared free lists were locked (order-0 traffic mostly stays in
@@ -381,15 +432,13 @@ impl Cache {
 
     /// Eviction counters.
     pub fn reclaim_stats(&self) -> ReclaimStats {
-        self.inner.reclaim.stats()
+        self.inner.reclaim.stats(&self.inner.mem)
     }
 
     /// Evicts idle folios read from storage (oldest first) until `pages` pages were freed or
     /// none is left to evict; returns the pages freed.
     pub fn evict(&self, pages: u64) -> u64 {
-        let freed = self.inner.reclaim.evict(pages);
-        self.inner.reclaim.prune();
-        freed
+        self.inner.reclaim.evict(&self.inner.mem, pages)
     }
 
     pub(crate) fn inner(&self) -> &Arc<CacheInner> {
@@ -413,6 +462,11 @@ impl Cache {
             pending_free_pages: mem.pending_free_pages() as u64,
             folio_table_bytes: (mem.pages() * std::mem::size_of::<crate::mem::folio::FolioDesc>())
                 as u64,
+            list_and_allocator_bytes: (mem.pages()
+                * (METADATA_BYTES_PER_PAGE - std::mem::size_of::<crate::mem::folio::FolioDesc>()))
+                as u64,
+            index_node_bytes: mem.nodes.bytes() as u64,
+            index_reserve_pages: mem.index_reserve_pages() as u64,
             max_order: mem.max_order,
             zone_lock_acquisitions: mem.zone_lock_count(),
         }

@@ -8,8 +8,8 @@ use std::io;
 pub enum Error {
     /// The cache capacity is zero, not a multiple of the page size, or too large.
     #[error(
-        "cache capacity must be a positive multiple of the page size (4096 bytes) and at most \
-         16 TiB; got {0} bytes"
+        "cache capacity must be a multiple of the page size (4096 bytes), at least 64 KiB and \
+         at most 16 TiB; got {0} bytes"
     )]
     InvalidCapacity(u64),
     /// A folio (or index entry) order above the allowed maximum.

@@ -162,10 +162,13 @@ impl Region {
                 }
             };
             if folio.is_uptodate() {
+                // A fault is an access (what the accessed bit of a page table entry records).
+                crate::reclaim::mark_accessed(&folio);
                 return Ok(Fault { folio, major });
             }
             major = true;
             if read::update_page(file, state.ra, &folio)? {
+                crate::reclaim::mark_accessed(&folio);
                 return Ok(Fault { folio, major });
             }
         }

@@ -56,6 +56,14 @@ pub(crate) struct FileInner {
     pub(crate) cache_inner: Arc<CacheInner>,
 }
 
+impl Drop for FileInner {
+    fn drop(&mut self) {
+        if self.source.is_some() {
+            self.cache_inner.reclaim.unregister(self.mapping.id());
+        }
+    }
+}
+
 /// A file read from storage: its backend and its counters.
 #[derive(Debug)]
 pub(crate) struct DiskSource {
@@ -183,20 +191,20 @@ impl File {
         backend: Arc<dyn Backend>,
     ) -> Self {
         mapping.set_size(backend.size());
-        Self {
-            inner: Arc::new(FileInner {
-                mapping,
-                policy,
-                max_order,
-                write_lock: Mutex::new(()),
-                source: Some(DiskSource {
-                    backend,
-                    io: Arc::default(),
-                    ra: RaCounters::default(),
-                }),
-                cache_inner: Arc::clone(cache.inner()),
+        let inner = Arc::new(FileInner {
+            mapping,
+            policy,
+            max_order,
+            write_lock: Mutex::new(()),
+            source: Some(DiskSource {
+                backend,
+                io: Arc::default(),
+                ra: RaCounters::default(),
             }),
-        }
+            cache_inner: Arc::clone(cache.inner()),
+        });
+        cache.inner().reclaim.register(&inner);
+        Self { inner }
     }
 
     /// A new reader of this file.
@@ -297,6 +305,9 @@ impl File {
             return 0;
         }
         let mut dropped = 0;
+        // Like the kernel's invalidation, the range's shadow entries go too: dropping a range
+        // on purpose is not a sign of memory pressure, and a later read of it is no refault.
+        mapping.drop_shadows_in(first, end - 1);
         mapping.for_each_cached(first, end - 1, |folio| {
             let whole = folio.index() >= first && folio.index() + folio.nr_pages() as u64 <= end;
             if !whole || folio.test(crate::mem::flag::LOCKED) {

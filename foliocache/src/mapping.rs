@@ -208,7 +208,7 @@ impl Mapping {
     pub(crate) fn new(cache: Arc<CacheInner>, id: u64) -> Self {
         Self {
             id,
-            index: Index::new(),
+            index: Index::with_meter(usize::MAX, Arc::clone(&cache.mem.nodes)),
             size: StatU64::new(0),
             cached_pages: StatU64::new(0),
             counters: Counters::default(),
@@ -668,15 +668,39 @@ impl Mapping {
             removed
         };
         let mut total = 0;
+        let mut shadows = 0;
         for (_, entry) in removed {
-            if let Entry::Folio { id, order, .. } = entry {
-                total += 1u64 << order;
-                self.counters.removals.inc();
-                self.mem().put(id);
+            match entry {
+                Entry::Folio { id, order, .. } => {
+                    total += 1u64 << order;
+                    self.counters.removals.inc();
+                    self.mem().put(id);
+                }
+                Entry::Value { .. } => shadows += 1,
             }
+        }
+        if shadows > 0 {
+            self.cache.reclaim.shadow_gone(shadows);
         }
         self.cached_pages.fetch_sub(total, StatOrdering::Relaxed);
         total
+    }
+
+    /// Removes the shadow (value) entries for which `stale(value)` says true; returns how many.
+    pub(crate) fn drop_shadows_where(&self, mut stale: impl FnMut(u64) -> bool) -> usize {
+        self.lock().truncate_where(.., |_, entry| match entry {
+            Entry::Value { value, .. } => stale(value),
+            Entry::Folio { .. } => false,
+        })
+    }
+
+    /// Removes the shadow entries lying inside pages `first..=last`; returns how many.
+    pub(crate) fn drop_shadows_in(&self, first: u64, last: u64) -> usize {
+        let dropped = self.lock().truncate_where(first..=last, |_, entry| {
+            matches!(entry, Entry::Value { .. })
+        });
+        self.cache.reclaim.shadow_gone(dropped as u64);
+        dropped
     }
 
     /// Calls `f` with each folio cached in pages `first..=last`, in order, referenced: one

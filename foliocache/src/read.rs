@@ -369,6 +369,10 @@ fn walk_disk<'f>(
     let last = (end - 1) >> PAGE_SHIFT;
     let mut at = pos;
     let mut batch = FolioBatch::new();
+    // The previous read ended in the folio this one starts in: that folio's access was
+    // recorded already (the kernel's `pos_same_folio` check, so that small sequential reads
+    // do not make every folio look hot).
+    let last_byte = u64::try_from(ra.prev_pos - 1).ok();
     while at < end {
         if let Err(error) = get_pages(file, ra, at >> PAGE_SHIFT, last, &mut batch) {
             if at == pos {
@@ -382,6 +386,11 @@ fn walk_disk<'f>(
                 break;
             }
             let n = ((first + folio.len() as u64).min(end) - at) as usize;
+            let continued = at == pos
+                && last_byte.is_some_and(|b| b >= first && b < first + folio.len() as u64);
+            if !continued {
+                crate::reclaim::mark_accessed(&folio);
+            }
             take(folio, (at - first) as usize, n, (at - pos) as usize);
             at += n as u64;
         }
@@ -518,12 +527,15 @@ pub(crate) fn create_folio<'f>(
             Err(error) => return Err(error),
         }
     };
-    match file.mapping.add_folio(&folio, index) {
-        Ok(_) => {}
+    let shadow = match file.mapping.add_folio(&folio, index) {
+        Ok(shadow) => shadow,
         Err(Error::Exists { .. }) => return Ok(None),
         Err(error) => return Err(error),
-    }
-    file.cache_inner.reclaim.track(file, &[(index, folio.id())]);
+    };
+    let cache = &file.cache_inner;
+    cache
+        .reclaim
+        .add_inserted(&cache.mem, &[(folio.id(), shadow)]);
     let mut scratch = RaState::new(0);
     read_locked_folio(file, &mut scratch, &folio)?;
     Ok(Some(folio))

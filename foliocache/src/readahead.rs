@@ -586,7 +586,8 @@ struct Submission<'f> {
     run: Option<(u64, Vec<u32>, usize)>,
     requests: Vec<ReadRequest>,
     pages: u64,
-    inserted: Vec<(u64, u32)>,
+    /// Each inserted folio's id and the shadow entry it replaced.
+    inserted: Vec<(u32, Option<u64>)>,
 }
 
 impl<'f> Submission<'f> {
@@ -642,13 +643,16 @@ impl<'f> Submission<'f> {
         let mut k = 0;
         while k < slots.len() {
             let result = mapping.add_folio_range(slots[k].index, &folios[k..]);
-            let (inserted, stopped) = match result {
-                Ok(add) => (add.inserted, add.stopped),
-                Err(Error::Exists { .. }) => (0, Some(RangeStop::Present(slots[k].index))),
-                Err(_) => (0, Some(RangeStop::NoMemory)),
+            let (inserted, stopped, shadows) = match result {
+                Ok(add) => (add.inserted, add.stopped, add.shadows),
+                Err(Error::Exists { .. }) => {
+                    (0, Some(RangeStop::Present(slots[k].index)), Vec::new())
+                }
+                Err(_) => (0, Some(RangeStop::NoMemory), Vec::new()),
             };
             for slot in k..k + inserted {
-                self.push(&folios[slot], slots[slot]);
+                let shadow = shadows.get(slot - k).copied().flatten();
+                self.push(&folios[slot], slots[slot], shadow);
             }
             k += inserted;
             match stopped {
@@ -689,7 +693,7 @@ impl<'f> Submission<'f> {
                 folio.set(flag::READAHEAD);
             }
             match mapping.add_folio(&folio, slot.index) {
-                Ok(_) => self.push(&folio, *slot),
+                Ok(shadow) => self.push(&folio, *slot, shadow),
                 Err(Error::Exists { .. }) if skip_present => {
                     self.end_run();
                     self.count_skip();
@@ -705,7 +709,7 @@ impl<'f> Submission<'f> {
     }
 
     /// Adds an inserted (locked) folio to the current run.
-    fn push(&mut self, folio: &FolioRef<'_>, slot: Slot) {
+    fn push(&mut self, folio: &FolioRef<'_>, slot: Slot, shadow: Option<u64>) {
         let nr = 1u64 << slot.order;
         let offset = slot.index << PAGE_SHIFT;
         let len = (nr as usize) * PAGE_SIZE;
@@ -721,7 +725,7 @@ impl<'f> Submission<'f> {
             *bytes += len;
         }
         self.pages += nr;
-        self.inserted.push((slot.index, folio.id()));
+        self.inserted.push((folio.id(), shadow));
         self.disk.ra.folios.inc();
         if slot.mark {
             self.disk.ra.marks.inc();
@@ -745,10 +749,10 @@ impl<'f> Submission<'f> {
         self.end_run();
         let disk = self.disk;
         disk.ra.pages.add(self.pages);
-        self.file
-            .cache_inner
-            .reclaim
-            .track(self.file, &self.inserted);
+        // On the reclaim lists while the requests still hold their references (a folio on a
+        // list must not be freed without leaving it, and freeing is what takes it off).
+        let cache = &self.file.cache_inner;
+        cache.reclaim.add_inserted(&cache.mem, &self.inserted);
         let requests = std::mem::take(&mut self.requests);
         if !requests.is_empty() {
             disk.backend.submit(requests);

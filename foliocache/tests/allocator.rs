@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 fn cache(pages: u64, max_order: u8) -> Cache {
     Cache::builder()
-        .capacity(pages * PAGE_SIZE as u64)
+        .arena_pages(pages as usize)
         .max_order(max_order)
         .build()
         .expect("valid configuration")

@@ -36,7 +36,7 @@ impl Backend for ThreadedBackend {
 
 fn setup() -> (Cache, foliocache::File, std::sync::Arc<ThreadedBackend>) {
     let cache = Cache::builder()
-        .capacity(8 * 4096)
+        .arena_pages(8)
         .max_order(0)
         // Readahead off: a miss reads exactly the page asked for.
         .readahead_bytes(0)
@@ -68,7 +68,7 @@ fn reader_waits_for_the_completion_and_sees_its_bytes() {
 fn two_inserters_of_a_missing_page_one_wins_the_other_waits() {
     loom::model(|| {
         let cache = Cache::builder()
-            .capacity(4 * 4096)
+            .arena_pages(4)
             .max_order(0)
             .build()
             .unwrap();

@@ -12,7 +12,7 @@ const BOTH: [RefcountPolicy; 2] = [RefcountPolicy::FrozenBit, RefcountPolicy::Ca
 
 fn small_cache(refcount: RefcountPolicy) -> Cache {
     Cache::builder()
-        .capacity(4 * 4096)
+        .arena_pages(4)
         .max_order(0)
         .policy(Policy {
             refcount,

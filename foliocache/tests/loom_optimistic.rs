@@ -15,7 +15,7 @@ use loom::thread;
 
 fn setup() -> (Cache, Arc<foliocache::File>, Arc<foliocache::File>) {
     let cache = Cache::builder()
-        .capacity(4 * 4096)
+        .arena_pages(4)
         .max_order(0)
         .policy(Policy {
             small_read: SmallReadPolicy::Optimistic,
@@ -71,7 +71,7 @@ fn optimistic_read_vs_truncate_and_reuse() {
 fn batched_read_vs_punch_keeps_untouched_pages() {
     loom::model(|| {
         let cache = Cache::builder()
-            .capacity(4 * 4096)
+            .arena_pages(4)
             .max_order(0)
             .build()
             .unwrap();

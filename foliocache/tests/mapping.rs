@@ -10,7 +10,7 @@ fn caches() -> Vec<Cache> {
         .into_iter()
         .map(|refcount| {
             Cache::builder()
-                .capacity(4 << 20)
+                .arena_pages(1024)
                 .policy(Policy {
                     refcount,
                     ..Policy::default()

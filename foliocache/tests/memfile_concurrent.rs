@@ -43,7 +43,7 @@ fn check(buf: &[u8], pos: u64) {
 
 fn run(max_order: u8, read: ReadPolicy, time: Duration) {
     let cache = Cache::builder()
-        .capacity(4 * PAGES * PAGE_SIZE as u64)
+        .arena_pages((4 * PAGES) as usize)
         .policy(Policy {
             read,
             ..Policy::default()

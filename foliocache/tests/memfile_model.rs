@@ -102,7 +102,7 @@ fn check(file: &File, model: &[u8], context: &str) {
 
 fn build(max_order: u8, pages: u64, read: ReadPolicy) -> (Cache, File) {
     let cache = Cache::builder()
-        .capacity(pages * PAGE_SIZE as u64)
+        .arena_pages(pages as usize)
         .policy(Policy {
             read,
             ..Policy::default()

@@ -44,7 +44,7 @@ fn duration() -> Duration {
 
 fn run(max_order: u8) {
     let cache = Cache::builder()
-        .capacity(3 * PAGES * PAGE_SIZE as u64)
+        .arena_pages((3 * PAGES) as usize)
         .policy(Policy {
             small_read: SmallReadPolicy::Optimistic,
             ..Policy::default()

@@ -186,7 +186,7 @@ fn reader(files: &[Mapping; 2], stop: &AtomicBool, seed: u64) -> (u64, u64) {
 
 fn run(policy: RefcountPolicy) {
     let cache = Cache::builder()
-        .capacity(CACHE_PAGES * PAGE_SIZE as u64)
+        .arena_pages(CACHE_PAGES as usize)
         .max_order(3)
         .policy(Policy {
             refcount: policy,
@@ -271,7 +271,7 @@ fn stress_cas() {
 fn stress_remove_vs_truncate() {
     for policy in [RefcountPolicy::FrozenBit, RefcountPolicy::Cas] {
         let cache = Cache::builder()
-            .capacity(64 * PAGE_SIZE as u64)
+            .arena_pages(64)
             .max_order(0)
             .policy(Policy {
                 refcount: policy,

@@ -34,6 +34,7 @@ use node::{CHUNK, CHUNK_SHIFT, Node, is_node};
 pub use node::{Entry, MAX_VALUE};
 use reclaim::{Guard, Retired, pin};
 use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
 
 /// Bytes of one index node.
 pub const NODE_BYTES: usize = std::mem::size_of::<Node>();
@@ -50,6 +51,31 @@ pub struct Index {
     nodes: StatUsize,
     node_limit: usize,
     retired: Retired,
+    meter: Arc<NodeMeter>,
+}
+
+/// Counts the index nodes allocated and not yet freed by every index sharing it (a cache's
+/// mappings share one, so the cache's memory budget can charge them). A node an index unlinked
+/// still counts until the readers that might see it are gone and it is really freed.
+#[derive(Debug, Default)]
+pub struct NodeMeter {
+    nodes: StatUsize,
+}
+
+impl NodeMeter {
+    /// Nodes allocated and not yet freed.
+    pub fn nodes(&self) -> usize {
+        self.nodes.load(StatOrdering::Relaxed)
+    }
+
+    /// Their bytes.
+    pub fn bytes(&self) -> usize {
+        self.nodes() * NODE_BYTES
+    }
+
+    fn freed(&self, nodes: usize) {
+        self.nodes.fetch_sub(nodes, StatOrdering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Node {
@@ -93,12 +119,18 @@ impl Index {
     /// An empty index that refuses to hold more than `limit` nodes: insertions that would need
     /// more fail with [`Error::IndexNoMemory`] (the analogue of a failed node allocation).
     pub fn with_node_limit(limit: usize) -> Self {
+        Self::with_meter(limit, Arc::default())
+    }
+
+    /// An empty index whose nodes are also counted by `meter` (shared with other indexes).
+    pub fn with_meter(limit: usize, meter: Arc<NodeMeter>) -> Self {
         Self {
             root: AtomicUsize::new(0),
             writer: Mutex::new(()),
             nodes: StatUsize::new(0),
             node_limit: limit,
             retired: Retired::default(),
+            meter,
         }
     }
 
@@ -260,7 +292,8 @@ impl Drop for Index {
         if root != 0 {
             // SAFETY: `&mut self`: no reader or writer can be inside the tree; every linked node
             // came from `Box::into_raw` and is reachable exactly once from the root.
-            unsafe { free_subtree(root as *mut Node) };
+            let freed = unsafe { free_subtree(root as *mut Node) };
+            self.meter.freed(freed);
         }
     }
 }
@@ -269,16 +302,19 @@ impl Drop for Index {
 ///
 /// # Safety
 /// The subtree must be unreachable by anyone else and made of `Box::into_raw` nodes.
-unsafe fn free_subtree(node: *mut Node) {
+/// Returns the number of nodes freed.
+unsafe fn free_subtree(node: *mut Node) -> usize {
     // SAFETY: the caller owns the subtree exclusively.
     let boxed = unsafe { Box::from_raw(node) };
+    let mut freed = 1;
     for slot in &boxed.slots {
         let word = slot.load(Ordering::Relaxed);
         if is_node(word) {
             // SAFETY: a child of an exclusively owned subtree is exclusively owned too.
-            unsafe { free_subtree(word as *mut Node) };
+            freed += unsafe { free_subtree(word as *mut Node) };
         }
     }
+    freed
 }
 
 /// A lockless reader's position in the index (the `xa_state` of a reader).
@@ -744,11 +780,26 @@ impl IndexWriter<'_> {
     /// Removes every entry lying entirely inside `range` and returns them as (first index,
     /// entry). Entries straddling either end are left in place.
     pub fn truncate(&mut self, range: impl RangeBounds<u64>) -> Vec<(u64, Entry)> {
+        let mut out = Vec::new();
+        self.truncate_where(range, |first, entry| {
+            out.push((first, entry));
+            true
+        });
+        out
+    }
+
+    /// Removes the entries lying entirely inside `range` for which `remove(first index, entry)`
+    /// says true (it is asked once per entry, in index order); returns how many went.
+    pub fn truncate_where(
+        &mut self,
+        range: impl RangeBounds<u64>,
+        mut remove: impl FnMut(u64, Entry) -> bool,
+    ) -> usize {
         let first = match range.start_bound() {
             Bound::Included(&s) => s,
             Bound::Excluded(&s) => match s.checked_add(1) {
                 Some(s) => s,
-                None => return Vec::new(),
+                None => return 0,
             },
             Bound::Unbounded => 0,
         };
@@ -756,27 +807,31 @@ impl IndexWriter<'_> {
             Bound::Included(&e) => e,
             Bound::Excluded(&e) => match e.checked_sub(1) {
                 Some(e) => e,
-                None => return Vec::new(),
+                None => return 0,
             },
             Bound::Unbounded => u64::MAX,
         };
-        let mut out = Vec::new();
         if first > last {
-            return out;
+            return 0;
         }
         let root = self.index.root_node();
         if root.is_null() {
-            return out;
+            return 0;
         }
+        let mut removed = 0;
         // SAFETY: under the writer lock the root is live.
-        self.truncate_node(unsafe { &*root }, 0, first, last, &mut out);
+        self.truncate_node(unsafe { &*root }, 0, first, last, &mut |at, entry| {
+            let go = remove(at, entry);
+            removed += usize::from(go);
+            go
+        });
         // SAFETY: as above.
         if unsafe { &*root }.count.load(StatOrdering::Relaxed) == 0 {
             self.index.root.store(0, Ordering::Release);
             self.retire(root.cast_mut());
         }
         self.shrink();
-        out
+        removed
     }
 
     fn truncate_node(
@@ -785,7 +840,7 @@ impl IndexWriter<'_> {
         base: u64,
         first: u64,
         last: u64,
-        out: &mut Vec<(u64, Entry)>,
+        remove: &mut dyn FnMut(u64, Entry) -> bool,
     ) {
         let shift = u32::from(node.shift);
         let mut offset = 0;
@@ -805,7 +860,7 @@ impl IndexWriter<'_> {
             if is_node(word) {
                 // SAFETY: a child of a live node, under the writer lock.
                 let child = unsafe { &*(word as *const Node) };
-                self.truncate_node(child, slot_first, first, last, out);
+                self.truncate_node(child, slot_first, first, last, remove);
                 if child.count.load(StatOrdering::Relaxed) == 0 {
                     node.slots[offset].store(0, Ordering::Release);
                     node.count.fetch_sub(1, StatOrdering::Relaxed);
@@ -822,12 +877,11 @@ impl IndexWriter<'_> {
             let entry_first = slot_first & !low_mask(order);
             let entry_last = entry_first | low_mask(order);
             let (first_slot, span) = group(node, entry_first, entry.order());
-            if entry_first >= first && entry_last <= last {
+            if entry_first >= first && entry_last <= last && remove(entry_first, entry) {
                 for slot in &node.slots[first_slot..first_slot + span] {
                     slot.store(0, Ordering::Release);
                 }
                 node.count.fetch_sub(span as u16, StatOrdering::Relaxed);
-                out.push((entry_first, entry));
             }
             offset = first_slot + span;
         }
@@ -882,6 +936,7 @@ impl IndexWriter<'_> {
 
     fn new_node(&self, shift: u8) -> *mut Node {
         self.index.nodes.fetch_add(1, StatOrdering::Relaxed);
+        self.index.meter.nodes.fetch_add(1, StatOrdering::Relaxed);
         Box::into_raw(Box::new(Node::new(shift)))
     }
 
@@ -889,7 +944,11 @@ impl IndexWriter<'_> {
         self.index.nodes.fetch_sub(1, StatOrdering::Relaxed);
         // SAFETY: callers pass a node they have just unlinked (no new reader can reach it) and
         // retire each node once.
-        unsafe { self.index.retired.retire(&self.guard, node) };
+        unsafe {
+            self.index
+                .retired
+                .retire(&self.guard, node, Arc::clone(&self.index.meter));
+        };
     }
 
     /// Retires a whole unlinked subtree (which holds no folio).

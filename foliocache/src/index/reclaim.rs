@@ -15,7 +15,9 @@
 //! the models check the folio protocol on top of the index, not crossbeam's own epoch
 //! algorithm, which its authors model separately.
 
+use super::NodeMeter;
 use super::node::Node;
+use std::sync::Arc;
 
 #[cfg(not(loom))]
 pub(crate) struct Guard(crossbeam_epoch::Guard);
@@ -37,7 +39,7 @@ pub(crate) fn pin() -> Guard {
 #[derive(Debug, Default)]
 pub(crate) struct Retired {
     #[cfg(loom)]
-    nodes: std::sync::Mutex<Vec<usize>>,
+    nodes: std::sync::Mutex<Vec<(usize, Arc<NodeMeter>)>>,
 }
 
 impl Retired {
@@ -47,31 +49,34 @@ impl Retired {
     /// `node` came from `Box::into_raw`, is unreachable from the index for any reader that pins
     /// after this call, and is retired exactly once.
     #[cfg(not(loom))]
-    pub(crate) unsafe fn retire(&self, guard: &Guard, node: *mut Node) {
+    pub(crate) unsafe fn retire(&self, guard: &Guard, node: *mut Node, meter: Arc<NodeMeter>) {
         // SAFETY: per this function's contract, the node is unlinked and retired once; the
         // epoch scheme runs the closure only after every guard that could see it is dropped.
         // The closure may run on another thread: that is sound because a `Node` is only atomics
-        // and plain integers (`Box<Node>` is `Send`).
+        // and plain integers (`Box<Node>` is `Send`), and the meter is shared by an `Arc`.
         unsafe {
-            guard.0.defer_unchecked(move || drop(Box::from_raw(node)));
+            guard.0.defer_unchecked(move || {
+                drop(Box::from_raw(node));
+                meter.freed(1);
+            });
         }
     }
 
     /// # Safety
     /// As the non-loom version.
     #[cfg(loom)]
-    pub(crate) unsafe fn retire(&self, _guard: &Guard, node: *mut Node) {
+    pub(crate) unsafe fn retire(&self, _guard: &Guard, node: *mut Node, meter: Arc<NodeMeter>) {
         self.nodes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(node as usize);
+            .push((node as usize, meter));
     }
 }
 
 #[cfg(loom)]
 impl Drop for Retired {
     fn drop(&mut self) {
-        for node in self
+        for (node, meter) in self
             .nodes
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -80,6 +85,7 @@ impl Drop for Retired {
             // SAFETY: the index is being dropped (no readers), and each retired node was
             // recorded once, by `retire`, from a `Box::into_raw` pointer.
             drop(unsafe { Box::from_raw(node as *mut Node) });
+            meter.freed(1);
         }
     }
 }

@@ -109,6 +109,17 @@ impl Arena {
     pub(crate) fn pages(&self) -> usize {
         self.pages
     }
+
+    /// Gives page `pfn`'s memory back to the kernel (`MADV_DONTNEED`): it reads as zeros and
+    /// costs no resident memory until touched again. Best effort.
+    pub(crate) fn discard(&self, pfn: usize) {
+        let page = self.page_ptr(pfn);
+        // SAFETY: one page inside our own private anonymous mapping, which the caller owns
+        // (allocated, referenced by no folio), so no one reads or writes it meanwhile.
+        unsafe {
+            libc::madvise(page.cast(), PAGE_SIZE, libc::MADV_DONTNEED);
+        }
+    }
 }
 
 impl Drop for Arena {

@@ -101,6 +101,9 @@ impl Zone {
     }
 }
 
+/// Bytes the allocator keeps per arena page (free-list links and the free-order byte).
+pub(crate) const METADATA_BYTES_PER_PAGE: usize = 2 * std::mem::size_of::<u32>() + 1;
+
 /// The allocator of arena pages. Page frame numbers (`pfn`) are page offsets into the arena.
 #[derive(Debug)]
 pub(crate) struct Buddy {

@@ -45,6 +45,13 @@ pub mod flag {
     /// Has been in an index: optimistic readers may know it, so its memory is returned only
     /// after a grace period (internal).
     pub(crate) const PUBLISHED: u32 = 1 << 9;
+    /// On one of the reclaim lists (internal; see `mem::lru`).
+    pub(crate) const LRU: u32 = 1 << 10;
+    /// Accessed again after REFERENCED was set, while inactive: the next scan activates it
+    /// (internal; the hit path only sets bits, see `reclaim`).
+    pub(crate) const PROMOTE: u32 = 1 << 11;
+    /// Bits [`FolioRef::flags`](super::FolioRef::flags) does not show.
+    pub(crate) const INTERNAL: u32 = WAITERS | PUBLISHED | LRU | PROMOTE;
 }
 
 /// One arena page's descriptor (32 bytes).
@@ -264,7 +271,7 @@ impl<'m> FolioRef<'m> {
 
     /// All public flag bits (the [`flag`] constants; internal bookkeeping bits are masked).
     pub fn flags(&self) -> u32 {
-        self.desc().flags.load(Ordering::Acquire) & !(flag::WAITERS | flag::PUBLISHED)
+        self.desc().flags.load(Ordering::Acquire) & !flag::INTERNAL
     }
 
     /// Whether every bit of `bits` is set.

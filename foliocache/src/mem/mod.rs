@@ -16,6 +16,7 @@ pub(crate) mod arena;
 pub(crate) mod buddy;
 pub(crate) mod folio;
 pub(crate) mod grace;
+pub(crate) mod lru;
 pub(crate) mod optimistic;
 pub mod refcount;
 mod wait;
@@ -29,7 +30,11 @@ use grace::Grace;
 pub(crate) use grace::ReadGuard;
 use refcount::RefcountPolicy;
 
-use crate::sync::{Ordering, fence};
+use crate::index::NodeMeter;
+use crate::sync::unmodelled::AtomicUsize as StatUsize;
+use crate::sync::{Mutex, Ordering, fence};
+use lru::Lru;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Size of a page, the unit of the arena and of page indexes.
@@ -46,9 +51,36 @@ pub(crate) struct Memory {
     /// The allocator, behind the grace-period keeper that defers returns of published folios.
     grace: Grace,
     table: Box<[FolioDesc]>,
+    lru: Lru,
+    /// Index nodes of every mapping of this cache.
+    pub(crate) nodes: Arc<NodeMeter>,
+    reserve: IndexReserve,
     pub(crate) policy: RefcountPolicy,
     pub(crate) max_order: u8,
 }
+
+/// Arena pages set aside to pay for index nodes, which live on the heap: while the reserve
+/// covers the nodes' bytes, folios plus nodes never exceed the arena. The pages are discarded
+/// (`MADV_DONTNEED`), so they cost no resident memory while set aside.
+#[derive(Debug)]
+struct IndexReserve {
+    pages: Mutex<Vec<u32>>,
+    /// `pages.len()`, readable without the lock.
+    count: StatUsize,
+    /// Spare pages kept beyond the nodes' bytes, so that an insertion (which allocates its
+    /// folios first, then its nodes) finds its nodes paid for.
+    headroom: usize,
+    /// Whether nodes are charged at all (a cache sized by arena pages does not charge them).
+    charged: bool,
+}
+
+/// Reserve pages held beyond `need + headroom` before some go back to the allocator.
+const RESERVE_SLACK: usize = 4;
+
+/// Bytes of metadata per arena page: its descriptor, its list links and the allocator's
+/// per-page words.
+pub(crate) const METADATA_BYTES_PER_PAGE: usize =
+    std::mem::size_of::<FolioDesc>() + lru::LINK_BYTES_PER_PAGE + buddy::METADATA_BYTES_PER_PAGE;
 
 impl Memory {
     pub(crate) fn new(
@@ -56,6 +88,7 @@ impl Memory {
         max_order: u8,
         huge_pages: bool,
         policy: RefcountPolicy,
+        charge_index: bool,
     ) -> Result<Self, Error> {
         let align = PAGE_SIZE << MAX_ORDER;
         let arena = Arena::new(pages, align, huge_pages)?;
@@ -69,10 +102,55 @@ impl Memory {
         Ok(Self {
             grace: Grace::new(std::sync::Arc::new(Buddy::new(pages, max_order)?)),
             table: table.into_boxed_slice(),
+            lru: Lru::new(pages),
+            nodes: Arc::default(),
+            reserve: IndexReserve {
+                pages: Mutex::new(Vec::new()),
+                count: StatUsize::new(0),
+                headroom: (pages / 64).clamp(1, 8),
+                charged: charge_index,
+            },
             arena,
             policy,
             max_order,
         })
+    }
+
+    /// Tops the index reserve up to the nodes' bytes plus headroom from free pages, or gives
+    /// back what it holds beyond that (plus some slack). Called before every allocation, so
+    /// index nodes take their memory before folios do.
+    fn settle_index_reserve(&self) {
+        let reserve = &self.reserve;
+        if !reserve.charged {
+            return;
+        }
+        let need = self.nodes.bytes().div_ceil(PAGE_SIZE) + reserve.headroom;
+        let have = reserve.count.load(std::sync::atomic::Ordering::Relaxed);
+        if have >= need && have <= need + RESERVE_SLACK {
+            return;
+        }
+        let mut pages = reserve.pages.lock();
+        let buddy = self.grace.buddy();
+        while pages.len() < need {
+            let Some(pfn) = buddy.alloc(0) else { break };
+            self.arena.discard(pfn as usize);
+            pages.push(pfn);
+        }
+        while pages.len() > need + RESERVE_SLACK {
+            if let Some(pfn) = pages.pop() {
+                buddy.free(pfn, 0);
+            }
+        }
+        reserve
+            .count
+            .store(pages.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Pages set aside for index nodes.
+    pub(crate) fn index_reserve_pages(&self) -> usize {
+        self.reserve
+            .count
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn prefault(&self) -> std::io::Result<()> {
@@ -99,6 +177,7 @@ impl Memory {
                 max: self.max_order,
             });
         }
+        self.settle_index_reserve();
         let pfn = match self.grace.buddy().alloc(order) {
             Some(pfn) => pfn,
             // Memory may be waiting for optimistic readers to finish with it (a grace period):
@@ -152,6 +231,8 @@ impl Memory {
         debug_assert!(desc.refcount.is_frozen(self.policy));
         let order = desc.order.load(Ordering::Relaxed);
         desc.mapping.store(0, Ordering::Relaxed);
+        // Off the reclaim lists before the flags (and the LRU bit) are wiped.
+        self.lru_del(pfn);
         let flags = desc.flags.swap(0, Ordering::Relaxed);
         if flags & flag::PUBLISHED == 0 {
             // Never in an index: no optimistic reader can know it.
