@@ -331,6 +331,22 @@ pub struct Stats {
     pub zone_lock_acquisitions: u64,
 }
 
+impl Stats {
+    /// The bytes the budget counts: the arena, the per-page metadata, the fixed metadata, and
+    /// whatever the index nodes take beyond the arena pages set aside for them. At most
+    /// `capacity_bytes` for a cache built with a budget ([`CacheBuilder::capacity`]).
+    pub fn accounted_bytes(&self) -> u64 {
+        let nodes_unpaid = self
+            .index_node_bytes
+            .saturating_sub(self.index_reserve_pages * PAGE_SIZE as u64);
+        self.total_pages * PAGE_SIZE as u64
+            + self.folio_table_bytes
+            + self.list_and_allocator_bytes
+            + FIXED_METADATA_BYTES
+            + nodes_unpaid
+    }
+}
+
 /// A page cache in user space: a bounded arena of folios and the mappings that index them.
 #[derive(Debug, Clone)]
 pub struct Cache {

@@ -1,0 +1,549 @@
+//! Reclaim: eviction order against a model of the rules, shadow entries, the memory budget, and
+//! readers, a scanner and eviction together on a tiny budget.
+
+mod common;
+
+use common::{MemBackend, byte_at, pattern};
+use foliocache::index::Entry;
+use foliocache::reclaim::ReclaimPolicy;
+use foliocache::{Advice, Cache, File, Handle, Policy};
+use proptest::prelude::*;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PAGE: u64 = 4096;
+
+fn cache(policy: ReclaimPolicy, arena_pages: usize) -> Cache {
+    Cache::builder()
+        .arena_pages(arena_pages)
+        .policy(Policy {
+            reclaim: policy,
+            ..Policy::default()
+        })
+        .build()
+        .unwrap()
+}
+
+/// A file of `pages` pages in 4 KiB folios, and a handle that reads only what it is asked
+/// (no readahead), so every page's life is the script's doing.
+fn open(cache: &Cache, pages: u64) -> (File, Handle) {
+    let backend = Arc::new(MemBackend::new(pattern(pages * PAGE)));
+    let file = cache.open_backend(backend, Some(0)).unwrap();
+    let mut handle = file.handle();
+    handle.advise(Advice::Random).unwrap();
+    (file, handle)
+}
+
+fn read_page(handle: &mut Handle, page: u64) {
+    let mut buf = vec![0u8; PAGE as usize];
+    assert_eq!(
+        handle.read_at(&mut buf, page * PAGE).unwrap(),
+        PAGE as usize
+    );
+    assert!(
+        buf.iter()
+            .enumerate()
+            .all(|(k, &b)| b == byte_at(page * PAGE + k as u64)),
+        "page {page}: wrong bytes"
+    );
+}
+
+fn cached(file: &File, page: u64) -> bool {
+    file.mapping().lookup(page).is_some()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model: the rules of `foliocache::reclaim` written out plainly, one page per folio.
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bits {
+    referenced: bool,
+    promote: bool,
+    active: bool,
+    workingset: bool,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    evicted: u64,
+    activations: u64,
+    deactivations: u64,
+    refaults: u64,
+    workingset_activations: u64,
+    workingset_restores: u64,
+}
+
+#[derive(Debug)]
+struct Model {
+    policy: ReclaimPolicy,
+    /// Front = head (newest).
+    inactive: VecDeque<u64>,
+    active: VecDeque<u64>,
+    bits: HashMap<u64, Bits>,
+    shadows: HashMap<u64, (u64, bool)>,
+    age: u64,
+    /// The page the previous read ended in.
+    last_page: Option<u64>,
+    counts: Counts,
+}
+
+const BATCH: usize = 32;
+
+impl Model {
+    fn new(policy: ReclaimPolicy) -> Self {
+        Self {
+            policy,
+            inactive: VecDeque::new(),
+            active: VecDeque::new(),
+            bits: HashMap::new(),
+            shadows: HashMap::new(),
+            age: 0,
+            last_page: None,
+            counts: Counts::default(),
+        }
+    }
+
+    fn push_head(&mut self, page: u64, active: bool) {
+        self.bits.entry(page).or_default().active = active;
+        if active {
+            self.active.push_front(page);
+        } else {
+            self.inactive.push_front(page);
+        }
+    }
+
+    fn read(&mut self, page: u64) {
+        if !self.bits.contains_key(&page) {
+            let mut active = false;
+            let mut bits = Bits::default();
+            if let Some((evicted_at, workingset)) = self.shadows.remove(&page) {
+                self.counts.refaults += 1;
+                if self.policy == ReclaimPolicy::Workingset
+                    && self.age - evicted_at <= self.active.len() as u64
+                {
+                    active = true;
+                    self.counts.workingset_activations += 1;
+                    self.age += 1;
+                    if workingset {
+                        bits.workingset = true;
+                        self.counts.workingset_restores += 1;
+                    }
+                }
+            }
+            self.bits.insert(page, bits);
+            self.push_head(page, active);
+        }
+        // A read continuing in the page the previous one ended in is not a new access.
+        if self.last_page != Some(page) {
+            let bits = self.bits.get_mut(&page).unwrap();
+            if !bits.referenced {
+                bits.referenced = true;
+            } else if !bits.active && !bits.promote {
+                bits.promote = true;
+            }
+        }
+        self.last_page = Some(page);
+    }
+
+    fn balance(&mut self) {
+        if self.inactive.len() >= self.active.len() {
+            return;
+        }
+        let mut moved = Vec::new();
+        while moved.len() < BATCH {
+            let Some(page) = self.active.pop_back() else {
+                break;
+            };
+            self.bits.get_mut(&page).unwrap().workingset = true;
+            self.counts.deactivations += 1;
+            moved.push(page);
+        }
+        for page in moved {
+            self.push_head(page, false);
+        }
+    }
+
+    fn evict(&mut self, want: u64) {
+        let mut freed = 0;
+        let mut budget = 2 * (self.inactive.len() + self.active.len()) as u64 + BATCH as u64;
+        while freed < want && budget > 0 {
+            if self.policy != ReclaimPolicy::Clock {
+                self.balance();
+            }
+            let mut batch = Vec::new();
+            while batch.len() < BATCH {
+                match self.inactive.pop_back() {
+                    Some(page) => batch.push(page),
+                    None => break,
+                }
+            }
+            if batch.is_empty() {
+                break;
+            }
+            budget = budget.saturating_sub(batch.len() as u64);
+            let mut putback = Vec::new();
+            for page in batch {
+                let bits = self.bits.get_mut(&page).unwrap();
+                if self.policy == ReclaimPolicy::Clock {
+                    if bits.referenced || bits.promote {
+                        bits.referenced = false;
+                        bits.promote = false;
+                        putback.push((page, false));
+                        continue;
+                    }
+                } else if bits.promote {
+                    bits.referenced = false;
+                    bits.promote = false;
+                    self.counts.activations += 1;
+                    self.age += 1;
+                    putback.push((page, true));
+                    continue;
+                }
+                let workingset = bits.workingset;
+                self.bits.remove(&page);
+                if self.policy == ReclaimPolicy::Workingset {
+                    self.shadows.insert(page, (self.age, workingset));
+                }
+                self.age += 1;
+                self.counts.evicted += 1;
+                freed += 1;
+            }
+            for (page, active) in putback {
+                self.push_head(page, active);
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Read(u64),
+    Evict(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => (0u64..48).prop_map(Op::Read),
+        1 => (1u64..12).prop_map(Op::Evict),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = ReclaimPolicy> {
+    prop_oneof![
+        Just(ReclaimPolicy::Workingset),
+        Just(ReclaimPolicy::TwoLists),
+        Just(ReclaimPolicy::Clock),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// After every step of a random script of reads and evictions, the cache holds exactly the
+    /// pages the model holds, and the counters agree.
+    #[test]
+    fn eviction_order_follows_the_model(
+        policy in policy(),
+        script in proptest::collection::vec(op(), 1..160),
+    ) {
+        let cache = cache(policy, 256);
+        let (file, mut handle) = open(&cache, 48);
+        let mut model = Model::new(policy);
+        for (step, op) in script.iter().enumerate() {
+            match *op {
+                Op::Read(page) => {
+                    read_page(&mut handle, page);
+                    model.read(page);
+                }
+                Op::Evict(want) => {
+                    cache.evict(want);
+                    model.evict(want);
+                }
+            }
+            for page in 0..48 {
+                prop_assert_eq!(
+                    cached(&file, page),
+                    model.bits.contains_key(&page),
+                    "{:?}: page {} after step {} ({:?})", policy, page, step, op
+                );
+            }
+        }
+        let stats = cache.reclaim_stats();
+        prop_assert_eq!(stats.evicted_folios, model.counts.evicted);
+        prop_assert_eq!(stats.activations, model.counts.activations);
+        prop_assert_eq!(stats.deactivations, model.counts.deactivations);
+        prop_assert_eq!(stats.refaults, model.counts.refaults);
+        prop_assert_eq!(stats.workingset_activations, model.counts.workingset_activations);
+        prop_assert_eq!(stats.workingset_restores, model.counts.workingset_restores);
+        prop_assert_eq!(stats.inactive_pages, model.inactive.len() as u64);
+        prop_assert_eq!(stats.active_pages, model.active.len() as u64);
+        prop_assert_eq!(stats.nonresident_age, model.age);
+    }
+}
+
+#[test]
+fn pages_read_twice_outlive_a_scan_but_not_under_a_clock() {
+    for policy in [
+        ReclaimPolicy::Workingset,
+        ReclaimPolicy::TwoLists,
+        ReclaimPolicy::Clock,
+    ] {
+        let cache = cache(policy, 256);
+        let (file, mut handle) = open(&cache, 200);
+        // A hot set of 8 pages, read twice (the second read promotes them).
+        for _ in 0..2 {
+            for page in 0..8 {
+                read_page(&mut handle, page);
+            }
+        }
+        // A scan reads 64 pages once each, and 8 pages are evicted after every 8 read (the
+        // inactive list never runs dry, so the active list is never drained).
+        for page in 96..160 {
+            read_page(&mut handle, page);
+            if page % 8 == 7 {
+                cache.evict(8);
+            }
+        }
+        let hot_cached = (0..8).filter(|&p| cached(&file, p)).count();
+        match policy {
+            ReclaimPolicy::Clock => assert_eq!(hot_cached, 0, "{policy:?}"),
+            _ => assert_eq!(hot_cached, 8, "{policy:?} {:?}", cache.reclaim_stats()),
+        }
+    }
+}
+
+#[test]
+fn shadows_are_left_by_eviction_consumed_by_refault_and_dropped_with_their_range() {
+    let cache = cache(ReclaimPolicy::Workingset, 256);
+    let (file, mut handle) = open(&cache, 32);
+    for page in 0..4 {
+        read_page(&mut handle, page);
+    }
+    assert_eq!(cache.evict(4), 4);
+    for page in 0..4 {
+        assert!(
+            matches!(file.mapping().index().load(page), Some(Entry::Value { .. })),
+            "page {page} left a shadow"
+        );
+    }
+    assert_eq!(cache.reclaim_stats().shadow_entries, 4);
+    // A refault consumes the shadow: the slot holds the folio again.
+    read_page(&mut handle, 1);
+    assert!(matches!(
+        file.mapping().index().load(1),
+        Some(Entry::Folio { .. })
+    ));
+    let stats = cache.reclaim_stats();
+    assert_eq!((stats.refaults, stats.shadow_entries), (1, 3));
+    // Dropping a range (DontNeed) takes its shadows with it: a later read is no refault.
+    file.drop_cached(0, 4 * PAGE);
+    for page in 0..4 {
+        assert_eq!(file.mapping().index().load(page), None, "page {page}");
+    }
+    assert_eq!(cache.reclaim_stats().shadow_entries, 0);
+    read_page(&mut handle, 2);
+    assert_eq!(cache.reclaim_stats().refaults, 1);
+    // Without workingset detection, eviction leaves nothing behind.
+    let cache = self::cache(ReclaimPolicy::TwoLists, 256);
+    let (file, mut handle) = open(&cache, 32);
+    read_page(&mut handle, 0);
+    assert_eq!(cache.evict(1), 1);
+    assert_eq!(file.mapping().index().load(0), None);
+}
+
+#[test]
+fn a_refault_within_the_active_list_is_activated_and_one_beyond_it_is_not() {
+    let cache = cache(ReclaimPolicy::Workingset, 256);
+    let (file, mut handle) = open(&cache, 200);
+    // Pages 0..4 read twice (promoted), 10 and 11 once.
+    for _ in 0..2 {
+        for page in 0..4 {
+            read_page(&mut handle, page);
+        }
+    }
+    read_page(&mut handle, 10);
+    read_page(&mut handle, 11);
+    // One scan batch takes all six: 0..4 are activated (age 4), 10 and 11 evicted at ages 4
+    // and 5 (the age is 6 after).
+    cache.evict(1);
+    let stats = cache.reclaim_stats();
+    assert_eq!((stats.active_pages, stats.inactive_pages), (4, 0));
+    assert_eq!((stats.activations, stats.evicted_folios), (4, 2));
+    assert_eq!(stats.nonresident_age, 6);
+    assert!(!cached(&file, 10) && !cached(&file, 11));
+    // Page 10 refaults at distance 2, within the 4 active pages: straight to the active list.
+    read_page(&mut handle, 10);
+    let stats = cache.reclaim_stats();
+    assert_eq!((stats.refaults, stats.workingset_activations), (1, 1));
+    assert_eq!(stats.active_pages, 5);
+    // 40 pages read once and evicted push the age far past page 11's eviction.
+    for page in 100..140 {
+        read_page(&mut handle, page);
+    }
+    assert_eq!(cache.evict(40), 40);
+    assert!((0..4).chain([10]).all(|page| cached(&file, page)));
+    read_page(&mut handle, 11);
+    let stats = cache.reclaim_stats();
+    assert_eq!((stats.refaults, stats.workingset_activations), (2, 1));
+    assert_eq!(stats.inactive_pages, 1, "page 11 went to the inactive list");
+}
+
+#[test]
+fn the_budget_holds_folios_and_metadata_together() {
+    let budget = 4u64 << 20;
+    let cache = Cache::builder().capacity(budget).build().unwrap();
+    let files: Vec<(File, Arc<MemBackend>)> = (0..3)
+        .map(|_| {
+            let backend = Arc::new(MemBackend::new(pattern(6 << 20)));
+            (cache.open_backend(backend.clone(), None).unwrap(), backend)
+        })
+        .collect();
+    let mut buf = vec![0u8; 64 << 10];
+    for round in 0..2 {
+        for (file, _) in &files {
+            let mut handle = file.handle();
+            let mut pos = 0;
+            while pos < file.size() {
+                let n = handle.read_at(&mut buf, pos).unwrap();
+                assert!(n > 0);
+                assert!(
+                    buf[..n]
+                        .iter()
+                        .enumerate()
+                        .all(|(k, &b)| b == byte_at(pos + k as u64)),
+                    "round {round}: wrong bytes at {pos}"
+                );
+                pos += n as u64;
+            }
+            file.wait_for_io();
+            let stats = cache.stats();
+            assert!(
+                stats.accounted_bytes() <= budget,
+                "{} > {budget}: {stats:?}",
+                stats.accounted_bytes()
+            );
+            assert!(
+                stats.index_node_bytes <= stats.index_reserve_pages * PAGE,
+                "index nodes not paid for: {stats:?}"
+            );
+        }
+    }
+    assert!(cache.reclaim_stats().evicted_pages > 0);
+    // Sparse shadows cost nodes, and the nodes still fit the reserve.
+    let stats = cache.stats();
+    assert!(stats.index_node_bytes > 0);
+    assert!(stats.index_node_bytes <= stats.index_reserve_pages * PAGE);
+}
+
+/// Readers of two files (random and sequential), a scanner of a third, and explicit evictions,
+/// all on a budget a fraction of the data: every read returns the right bytes, and the run
+/// finishes (no deadlock, every reader makes progress) within a time bound.
+#[test]
+fn readers_a_scanner_and_eviction_on_a_tiny_budget() {
+    let seconds: u64 = std::env::var("FOLIOCACHE_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let cache = Cache::builder().capacity(256 << 10).build().unwrap();
+    let files: Vec<File> = (0..3)
+        .map(|k| {
+            let backend = Arc::new(MemBackend::new(pattern((1 + k) << 20)));
+            cache.open_backend(backend, None).unwrap()
+        })
+        .collect();
+    let stop = AtomicBool::new(false);
+    let progress: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    std::thread::scope(|s| {
+        // Random 4 KiB..64 KiB reads of file 0 and file 1.
+        for (t, file) in files[..2].iter().enumerate() {
+            let (stop, progress) = (&stop, &progress[t]);
+            s.spawn(move || {
+                let mut handle = file.handle();
+                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+                let mut buf = vec![0u8; 64 << 10];
+                while !stop.load(Ordering::Relaxed) {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let pos = seed % file.size();
+                    let len = 1 + (seed >> 40) as usize % buf.len();
+                    let n = handle.read_at(&mut buf[..len], pos).unwrap();
+                    assert!(n > 0, "no progress at {pos}");
+                    assert!(
+                        buf[..n]
+                            .iter()
+                            .enumerate()
+                            .all(|(k, &b)| b == byte_at(pos + k as u64)),
+                        "wrong bytes at {pos}"
+                    );
+                    progress.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        // A sequential scanner of file 2, again and again.
+        {
+            let (stop, progress, file) = (&stop, &progress[2], &files[2]);
+            s.spawn(move || {
+                let mut buf = vec![0u8; 8 << 10];
+                while !stop.load(Ordering::Relaxed) {
+                    let mut handle = file.handle();
+                    let mut pos = 0;
+                    while pos < file.size() && !stop.load(Ordering::Relaxed) {
+                        let n = handle.read_at(&mut buf, pos).unwrap();
+                        assert!(n > 0);
+                        assert!(
+                            buf[..n]
+                                .iter()
+                                .enumerate()
+                                .all(|(k, &b)| b == byte_at(pos + k as u64)),
+                            "scan: wrong bytes at {pos}"
+                        );
+                        pos += n as u64;
+                        progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+        // Explicit evictions and drops.
+        {
+            let (stop, progress, cache, files) = (&stop, &progress[3], &cache, &files);
+            s.spawn(move || {
+                let mut k = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    cache.evict(16);
+                    files[(k % 3) as usize].drop_cached((k % 64) * 16 * PAGE, 16 * PAGE);
+                    k += 1;
+                    progress.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            });
+        }
+        // The watchdog: stop at the deadline; fail if any thread stalls for 10 s.
+        let mut last: Vec<u64> = vec![0; 4];
+        let mut stalled_since = Instant::now();
+        while Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            let now: Vec<u64> = progress.iter().map(|p| p.load(Ordering::Relaxed)).collect();
+            if now.iter().zip(&last).all(|(a, b)| a > b) {
+                stalled_since = Instant::now();
+                last = now;
+            } else if stalled_since.elapsed() > Duration::from_secs(10) {
+                stop.store(true, Ordering::Relaxed);
+                panic!("a thread made no progress for 10 s: {now:?}");
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    for p in &progress {
+        assert!(p.load(Ordering::Relaxed) > 0);
+    }
+    let stats = cache.stats();
+    assert!(
+        stats.accounted_bytes() <= 256 << 10,
+        "over budget: {stats:?}"
+    );
+    assert!(cache.reclaim_stats().evicted_pages > 0);
+}
