@@ -5,6 +5,7 @@
 mod core;
 mod exec;
 mod readseq;
+mod reclaim;
 pub(crate) mod report;
 mod seqread;
 mod smallread;
@@ -32,6 +33,10 @@ pub(crate) enum Suite {
     /// Seed 001's folio-size table: random faults inside an ELF file's executable segments,
     /// exec_order 0 (plain read-around) vs 4 (64 KiB folios).
     Exec,
+    /// Eviction order and workingset detection: a hot set's hit ratio beside a scan of 4× the
+    /// budget, and Zipf hit ratios against a simulated LRU and Belady's optimum; RSS against
+    /// the budget.
+    Reclaim,
 }
 
 #[derive(Debug, Args)]
@@ -94,6 +99,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
             Suite::Smallread => smallread::run(args)?,
             Suite::Readseq => readseq::run(args)?,
             Suite::Exec => exec::run(args)?,
+            Suite::Reclaim => reclaim::run(args)?,
         };
         let json_path = match (&args.json, suites.len()) {
             (Some(path), 1) => path.clone(),

@@ -174,7 +174,11 @@ impl Report {
             let _ = writeln!(out, "\n| case | ratio of medians | value |");
             let _ = writeln!(out, "|---|---|---:|");
             for r in &self.ratios {
-                let _ = writeln!(out, "| {} | {} | {:.2}× |", r.case, r.what, r.ratio);
+                if r.ratio.is_finite() {
+                    let _ = writeln!(out, "| {} | {} | {:.2}× |", r.case, r.what, r.ratio);
+                } else {
+                    let _ = writeln!(out, "| {} | {} | n/a (divisor is 0) |", r.case, r.what);
+                }
             }
         }
         if !self.counters.is_null() {

@@ -1,0 +1,525 @@
+//! `fcache bench reclaim`: eviction order and workingset detection, as hit ratios.
+//!
+//! The files come from a synthetic backend (each 8-byte word holds its own file offset, filled
+//! when a request is served), so the cases measure the cache's choices, not a device: a miss is
+//! a page the backend had to serve. Every read's first word is checked.
+//!
+//! Cases (quick: a 64 MiB budget; full: 256 MiB):
+//! * **hot+scan**: a hot set of 40% of the arena is read twice, every page, in a shuffled
+//!   order (warm), then a sequential scan
+//!   of 4× the budget in 64 KiB reads runs with 4 random 4 KiB reads of the hot set after each
+//!   scan read. Metric: the hot reads' hit ratio during the scan. A page of the hot set is read
+//!   again after about 1.6× the arena's worth of scanned pages, on average: an LRU forgets it
+//!   first.
+//! * **shift**: a stale set of 45% of the arena is read twice (it holds the active list and is
+//!   never read again), then a new set of 60% is read in a fixed shuffled loop, 8 times. Each
+//!   new page comes back after more insertions than the inactive list holds, so without
+//!   workingset detection it is evicted before its second access, loop after loop; refault
+//!   distances show it would fit if the stale active pages gave way. Metric: the new set's hit
+//!   ratio after its first loop.
+//! * **zipf**: 4 KiB reads of pages drawn from a Zipf distribution (s = 0.9, 1.0) over a file of
+//!   4× the budget, in a shuffled page order. Reported next to an exact LRU and the offline
+//!   optimum (Belady), both simulated on the same trace with as many pages as the arena holds
+//!   for folios at the end of the run.
+//!
+//! Systems: `workingset` (the default policy), `two-lists` (same lists, no shadows), `clock`
+//! (one list with a second chance: the plain LRU approximation). For each run, the process's
+//! resident memory (RSS) is measured before the cache is built and at the end, with the cache
+//! full: the difference against the budget is reported.
+
+use super::BenchArgs;
+use super::report::{Figure, Plot, Report};
+use foliocache::reclaim::ReclaimPolicy;
+use foliocache::{Advice, Backend, Cache, File, Policy, ReadRequest};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const PAGE: u64 = 4096;
+const POLICIES: [(&str, ReclaimPolicy); 3] = [
+    ("workingset", ReclaimPolicy::Workingset),
+    ("two-lists", ReclaimPolicy::TwoLists),
+    ("clock", ReclaimPolicy::Clock),
+];
+const HOT_READS_PER_SCAN_READ: usize = 4;
+const SCAN_READ: usize = 64 << 10;
+/// The metric of the hot+scan and shift cases.
+const HOT_METRIC: &str = "hit ratio % (hot set)";
+const SHIFT_LOOPS: u64 = 8;
+const ZIPF_EXPONENTS: [f64; 2] = [0.9, 1.0];
+
+/// A file whose every 8-byte word holds `tag << 48 | offset`.
+#[derive(Debug)]
+struct Synthetic {
+    size: u64,
+    tag: u64,
+    pages_served: AtomicU64,
+}
+
+impl Synthetic {
+    fn new(size: u64, tag: u64) -> Arc<Self> {
+        Arc::new(Self {
+            size,
+            tag,
+            pages_served: AtomicU64::new(0),
+        })
+    }
+
+    fn word(&self, offset: u64) -> u64 {
+        (self.tag << 48) | offset
+    }
+}
+
+impl Backend for Synthetic {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn submit(&self, requests: Vec<ReadRequest>) {
+        for mut request in requests {
+            let len = request.len();
+            self.pages_served
+                .fetch_add(len as u64 / PAGE, Ordering::Relaxed);
+            for (offset, bytes) in request.targets() {
+                for (k, chunk) in bytes.chunks_exact_mut(8).enumerate() {
+                    chunk.copy_from_slice(&self.word(offset + 8 * k as u64).to_le_bytes());
+                }
+            }
+            let n = self.size.saturating_sub(request.offset()).min(len as u64) as usize;
+            request.complete(Ok(n));
+        }
+    }
+
+    fn describe(&self) -> String {
+        "synthetic".into()
+    }
+}
+
+/// xorshift64*: a small seeded generator, so every system sees the same accesses.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb << 10)
+}
+
+struct Run {
+    hit_ratio: f64,
+    rss_delta: i64,
+    folio_pages: u64,
+    counters: foliocache::ReclaimStats,
+}
+
+fn build(budget: u64, policy: ReclaimPolicy) -> Result<Cache, String> {
+    Cache::builder()
+        .capacity(budget)
+        .policy(Policy {
+            reclaim: policy,
+            ..Policy::default()
+        })
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+fn open(cache: &Cache, backend: &Arc<Synthetic>) -> Result<File, String> {
+    cache
+        .open_backend(backend.clone(), None)
+        .map_err(|e| e.to_string())
+}
+
+fn check(buf: &[u8], backend: &Synthetic, pos: u64) -> Result<(), String> {
+    let word = u64::from_le_bytes(buf[..8].try_into().map_err(|_| "short read")?);
+    if word == backend.word(pos) {
+        Ok(())
+    } else {
+        Err(format!(
+            "wrong bytes at {pos} of file {}: {word:#x}",
+            backend.tag
+        ))
+    }
+}
+
+/// A shuffled order of `n` pages.
+fn permutation(n: u64, rng: &mut Rng) -> Vec<u64> {
+    let mut order: Vec<u64> = (0..n).collect();
+    for i in (1..order.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
+/// Reads every page of `file` twice, each time in a shuffled order (4 KiB reads, no
+/// readahead): afterwards the set is on the lists with two accesses each.
+fn warm(file: &File, backend: &Synthetic, rng: &mut Rng) -> Result<(), String> {
+    let mut handle = file.handle();
+    handle.advise(Advice::Random).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; PAGE as usize];
+    for _ in 0..2 {
+        for page in permutation(file.size() / PAGE, rng) {
+            handle
+                .read_at(&mut buf, page * PAGE)
+                .map_err(|e| e.to_string())?;
+            check(&buf, backend, page * PAGE)?;
+        }
+    }
+    Ok(())
+}
+
+/// One hot+scan run.
+fn hot_scan(budget: u64, policy: ReclaimPolicy, seed: u64) -> Result<Run, String> {
+    let rss_before = resident_bytes();
+    let cache = build(budget, policy)?;
+    let arena = cache.stats().total_pages;
+    let hot_pages = arena * 2 / 5;
+    let hot_backend = Synthetic::new(hot_pages * PAGE, 1);
+    let scan_backend = Synthetic::new(4 * budget, 3);
+    let hot = open(&cache, &hot_backend)?;
+    let scan = open(&cache, &scan_backend)?;
+    let mut rng = Rng(seed | 1);
+    warm(&hot, &hot_backend, &mut rng)?;
+    let mut buf = vec![0u8; SCAN_READ];
+    let mut hot_handle = hot.handle();
+    hot_handle
+        .advise(Advice::Random)
+        .map_err(|e| e.to_string())?;
+    let served_before = hot_backend.pages_served.load(Ordering::Relaxed);
+    let mut hot_reads = 0u64;
+    let mut scan_handle = scan.handle();
+    let mut pos = 0;
+    while pos < scan.size() {
+        let n = scan_handle
+            .read_at(&mut buf, pos)
+            .map_err(|e| e.to_string())?;
+        check(&buf, &scan_backend, pos)?;
+        pos += n as u64;
+        for _ in 0..HOT_READS_PER_SCAN_READ {
+            let at = rng.below(hot_pages) * PAGE;
+            hot_handle
+                .read_at(&mut buf[..PAGE as usize], at)
+                .map_err(|e| e.to_string())?;
+            check(&buf, &hot_backend, at)?;
+            hot_reads += 1;
+        }
+    }
+    let misses = hot_backend.pages_served.load(Ordering::Relaxed) - served_before;
+    let stats = cache.stats();
+    let rss_delta = resident_bytes() as i64 - rss_before as i64;
+    Ok(Run {
+        hit_ratio: 1.0 - misses as f64 / hot_reads as f64,
+        rss_delta,
+        folio_pages: stats.total_pages - stats.index_reserve_pages,
+        counters: cache.reclaim_stats(),
+    })
+}
+
+/// One shift run: a stale set of 45% of the arena is warmed (and holds the active list), then
+/// a new set of 60% is read in a fixed shuffled loop, `SHIFT_LOOPS` times. Metric: the new
+/// set's hit ratio after its first loop.
+fn shift(budget: u64, policy: ReclaimPolicy, seed: u64) -> Result<Run, String> {
+    let rss_before = resident_bytes();
+    let cache = build(budget, policy)?;
+    let arena = cache.stats().total_pages;
+    let stale_backend = Synthetic::new(arena * 9 / 20 * PAGE, 2);
+    let new_backend = Synthetic::new(arena * 3 / 5 * PAGE, 5);
+    let stale = open(&cache, &stale_backend)?;
+    let new = open(&cache, &new_backend)?;
+    let mut rng = Rng(seed | 1);
+    warm(&stale, &stale_backend, &mut rng)?;
+    let order = permutation(new.size() / PAGE, &mut rng);
+    let mut handle = new.handle();
+    handle.advise(Advice::Random).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; PAGE as usize];
+    let mut served_after_first = 0;
+    for round in 0..SHIFT_LOOPS {
+        if round == 1 {
+            served_after_first = new_backend.pages_served.load(Ordering::Relaxed);
+        }
+        for &page in &order {
+            handle
+                .read_at(&mut buf, page * PAGE)
+                .map_err(|e| e.to_string())?;
+            check(&buf, &new_backend, page * PAGE)?;
+        }
+    }
+    let misses = new_backend.pages_served.load(Ordering::Relaxed) - served_after_first;
+    let reads = order.len() as u64 * (SHIFT_LOOPS - 1);
+    let stats = cache.stats();
+    let rss_delta = resident_bytes() as i64 - rss_before as i64;
+    Ok(Run {
+        hit_ratio: 1.0 - misses as f64 / reads as f64,
+        rss_delta,
+        folio_pages: stats.total_pages - stats.index_reserve_pages,
+        counters: cache.reclaim_stats(),
+    })
+}
+
+/// A Zipf trace of `len` page numbers over `pages` pages (rank r has weight 1/r^s), the ranks
+/// scattered over the file by a seeded shuffle.
+fn zipf_trace(pages: u64, s: f64, len: usize, seed: u64) -> Vec<u64> {
+    let mut cdf = Vec::with_capacity(pages as usize);
+    let mut total = 0.0;
+    for rank in 1..=pages {
+        total += 1.0 / (rank as f64).powf(s);
+        cdf.push(total);
+    }
+    let mut rng = Rng(seed | 1);
+    let mut place: Vec<u64> = (0..pages).collect();
+    for i in (1..place.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        place.swap(i, j);
+    }
+    (0..len)
+        .map(|_| {
+            let x = rng.unit() * total;
+            let rank = cdf.partition_point(|&c| c < x).min(pages as usize - 1);
+            place[rank]
+        })
+        .collect()
+}
+
+fn zipf_run(budget: u64, policy: ReclaimPolicy, trace: &[u64], pages: u64) -> Result<Run, String> {
+    let rss_before = resident_bytes();
+    let cache = build(budget, policy)?;
+    let backend = Synthetic::new(pages * PAGE, 4);
+    let file = open(&cache, &backend)?;
+    let mut handle = file.handle();
+    handle.advise(Advice::Random).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; PAGE as usize];
+    for &page in trace {
+        handle
+            .read_at(&mut buf, page * PAGE)
+            .map_err(|e| e.to_string())?;
+        check(&buf, &backend, page * PAGE)?;
+    }
+    let misses = backend.pages_served.load(Ordering::Relaxed);
+    let stats = cache.stats();
+    let rss_delta = resident_bytes() as i64 - rss_before as i64;
+    Ok(Run {
+        hit_ratio: 1.0 - misses as f64 / trace.len() as f64,
+        rss_delta,
+        folio_pages: stats.total_pages - stats.index_reserve_pages,
+        counters: cache.reclaim_stats(),
+    })
+}
+
+/// Exact LRU with `capacity` pages: the hit ratio on `trace`.
+fn lru_hit_ratio(trace: &[u64], capacity: usize) -> f64 {
+    let mut last_use: HashMap<u64, usize> = HashMap::new();
+    let mut by_time: BTreeSet<(usize, u64)> = BTreeSet::new();
+    let mut hits = 0usize;
+    for (t, &page) in trace.iter().enumerate() {
+        if let Some(old) = last_use.insert(page, t) {
+            by_time.remove(&(old, page));
+            hits += 1;
+        } else if by_time.len() == capacity
+            && let Some(&(oldest, victim)) = by_time.iter().next()
+        {
+            by_time.remove(&(oldest, victim));
+            last_use.remove(&victim);
+        }
+        by_time.insert((t, page));
+    }
+    hits as f64 / trace.len() as f64
+}
+
+/// Belady's optimum with `capacity` pages (evict the page used furthest in the future).
+fn belady_hit_ratio(trace: &[u64], capacity: usize) -> f64 {
+    let mut next_use = vec![usize::MAX; trace.len()];
+    let mut seen: HashMap<u64, usize> = HashMap::new();
+    for (t, &page) in trace.iter().enumerate().rev() {
+        next_use[t] = seen.insert(page, t).unwrap_or(usize::MAX);
+    }
+    let mut resident: HashMap<u64, usize> = HashMap::new();
+    let mut by_next: BTreeSet<(usize, u64)> = BTreeSet::new();
+    let mut hits = 0usize;
+    for (t, &page) in trace.iter().enumerate() {
+        if let Some(old) = resident.insert(page, next_use[t]) {
+            by_next.remove(&(old, page));
+            hits += 1;
+        } else if resident.len() > capacity
+            && let Some(&(far, victim)) = by_next.iter().next_back()
+        {
+            by_next.remove(&(far, victim));
+            resident.remove(&victim);
+        }
+        by_next.insert((next_use[t], page));
+    }
+    hits as f64 / trace.len() as f64
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
+    let budget: u64 = if args.full { 256 << 20 } else { 64 << 20 };
+    let reps = args.reps().min(if args.full { 5 } else { 3 });
+    let zipf_len_per_page = if args.full { 20 } else { 10 };
+    let mut report = Report::new(
+        "reclaim",
+        json!({
+            "budget_mib": budget >> 20,
+            "hot_set": "40% of the arena",
+            "scan": "4x the budget, 64 KiB reads",
+            "hot_reads_per_scan_read": HOT_READS_PER_SCAN_READ,
+            "zipf_file": "4x the budget",
+            "zipf_reads": format!("{zipf_len_per_page}x the arena's pages"),
+            "reps": reps,
+        }),
+    );
+    let cases = 2 * POLICIES.len() * reps + ZIPF_EXPONENTS.len() * (POLICIES.len() * reps + 2);
+    let bar = ProgressBar::new(cases as u64).with_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.set_prefix("reclaim");
+    let mut counters = serde_json::Map::new();
+    let mut rss: Vec<(String, i64)> = Vec::new();
+    let mut plot_groups = Vec::new();
+    for case in ["hot+scan", "shift"] {
+        let mut group = Vec::new();
+        for (name, policy) in POLICIES {
+            let mut ratios = Vec::new();
+            let mut last = None;
+            for rep in 0..reps {
+                bar.set_message(format!("{case} {name}"));
+                let seed = 0x5EED + rep as u64;
+                let run = if case == "shift" {
+                    shift(budget, policy, seed)?
+                } else {
+                    hot_scan(budget, policy, seed)?
+                };
+                ratios.push(100.0 * run.hit_ratio);
+                rss.push((format!("{case} {name}"), run.rss_delta));
+                last = Some(run);
+                bar.inc(1);
+            }
+            let figure = Figure::new(case, name, HOT_METRIC, &ratios, false);
+            group.push((name.to_string(), figure.median));
+            report.results.push(figure);
+            if let Some(run) = last {
+                counters.insert(
+                    format!("{case} {name}"),
+                    json!(format!("{:?}", run.counters)),
+                );
+            }
+        }
+        plot_groups.push((case.to_string(), group));
+    }
+    for s in ZIPF_EXPONENTS {
+        let case = format!("zipf s={s}");
+        let mut group = Vec::new();
+        let mut folio_pages = u64::MAX;
+        let mut traces = Vec::new();
+        // The arena's pages, from a cache like the runs' (the trace length scales with them).
+        let arena = build(budget, ReclaimPolicy::Workingset)?
+            .stats()
+            .total_pages;
+        let file_pages = 4 * budget / PAGE;
+        for rep in 0..reps {
+            traces.push(zipf_trace(
+                file_pages,
+                s,
+                (arena * zipf_len_per_page) as usize,
+                0xC0FFEE + rep as u64,
+            ));
+        }
+        for (name, policy) in POLICIES {
+            let mut ratios = Vec::new();
+            for trace in &traces {
+                bar.set_message(format!("{case} {name}"));
+                let run = zipf_run(budget, policy, trace, file_pages)?;
+                ratios.push(100.0 * run.hit_ratio);
+                folio_pages = folio_pages.min(run.folio_pages);
+                rss.push((format!("{case} {name}"), run.rss_delta));
+                bar.inc(1);
+            }
+            let figure = Figure::new(&case, name, "hit ratio %", &ratios, false);
+            group.push((name.to_string(), figure.median));
+            report.results.push(figure);
+        }
+        bar.set_message(format!("{case} lru, belady (simulated)"));
+        let capacity = folio_pages as usize;
+        let lru: Vec<f64> = traces
+            .iter()
+            .map(|t| 100.0 * lru_hit_ratio(t, capacity))
+            .collect();
+        bar.inc(1);
+        let opt: Vec<f64> = traces
+            .iter()
+            .map(|t| 100.0 * belady_hit_ratio(t, capacity))
+            .collect();
+        bar.inc(1);
+        for (name, values) in [("lru (simulated)", lru), ("belady (simulated)", opt)] {
+            let figure = Figure::new(&case, name, "hit ratio %", &values, false);
+            group.push((name.to_string(), figure.median));
+            report.results.push(figure);
+        }
+        report.ratio(&case, "hit ratio %", "workingset", "lru (simulated)");
+        report.ratio(&case, "hit ratio %", "workingset", "belady (simulated)");
+        report.notes.push(format!(
+            "{case}: simulated LRU and Belady hold {capacity} pages, the fewest the real \
+             cache had for folios (arena minus the index reserve)."
+        ));
+        plot_groups.push((case, group));
+    }
+    bar.finish_and_clear();
+    for case in ["hot+scan", "shift"] {
+        report.ratio(case, HOT_METRIC, "workingset", "clock");
+        report.ratio(case, HOT_METRIC, "workingset", "two-lists");
+    }
+    let worst = rss.iter().max_by_key(|(_, d)| *d).cloned();
+    if let Some((run, delta)) = worst {
+        let over = delta - budget as i64;
+        report.results.push(Figure::new(
+            "memory",
+            "largest RSS growth",
+            "MiB",
+            &[delta as f64 / f64::from(1 << 20)],
+            false,
+        ));
+        report.notes.push(format!(
+            "resident memory: the largest growth of the process's RSS over a run (cache built \
+             to full, files open) was {:.1} MiB ({run}) against a budget of {} MiB: {} by \
+             {:.1} MiB.",
+            delta as f64 / f64::from(1 << 20),
+            budget >> 20,
+            if over <= 0 { "under" } else { "over" },
+            over.unsigned_abs() as f64 / f64::from(1 << 20),
+        ));
+        counters.insert("rss_growth_bytes".into(), json!(delta));
+        counters.insert("budget_bytes".into(), json!(budget));
+    }
+    report.counters = serde_json::Value::Object(counters);
+    report.plots.push(Plot {
+        file: "reclaim.svg".into(),
+        title: format!("reclaim: hit ratios, {} MiB budget", budget >> 20),
+        unit: "hit ratio %".into(),
+        groups: plot_groups,
+    });
+    Ok(report)
+}
