@@ -5,7 +5,7 @@
 //!
 //! * **Two lists** (`mem::lru`), inactive and active. A folio read in goes to the head of the
 //!   inactive list, or of the active list when it refaults within the working set (below).
-//! * **The hit path sets a bit, nothing more** ([`mark_accessed`]): the first access sets
+//! * **The hit path sets a bit, nothing more** (`mark_accessed`): the first access sets
 //!   REFERENCED; a second one, while the folio is inactive, sets PROMOTE. The kernel activates on
 //!   that second access right away (through a per-CPU batch); here the next scan does it, in a
 //!   batch under the lists' lock, so a hit never writes a shared line beyond the folio's own
