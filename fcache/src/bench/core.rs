@@ -117,7 +117,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
 
 fn index_metadata(report: &mut Report, sizes: &Sizes, bar: &ProgressBar) -> Result<(), String> {
     let cache = Cache::builder()
-        .capacity(sizes.dense_pages * 4096)
+        .arena_pages(sizes.dense_pages as usize)
         .build()
         .map_err(|e| e.to_string())?;
     let layouts: [(&str, u8, u64); 5] = [
@@ -230,7 +230,7 @@ fn lookup_hit(
         .iter()
         .map(|(_, refcount)| {
             Cache::builder()
-                .capacity(PAGES * 4096)
+                .arena_pages(PAGES as usize)
                 .policy(Policy {
                     refcount: *refcount,
                     ..Policy::default()
