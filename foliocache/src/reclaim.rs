@@ -141,6 +141,14 @@ pub(crate) fn mark_accessed(folio: &FolioRef<'_>) {
     }
 }
 
+/// Forgets the accesses recorded since the folio was last aged (REFERENCED and PROMOTE).
+fn clear_accesses(folio: &FolioRef<'_>) {
+    folio.desc().flags.fetch_and(
+        !(flag::REFERENCED | flag::PROMOTE),
+        crate::sync::Ordering::Relaxed,
+    );
+}
+
 /// A shadow value: the age at eviction and the WORKINGSET bit.
 fn pack_shadow(age: u64, workingset: bool) -> u64 {
     ((age << 1) | u64::from(workingset)) & MAX_VALUE
@@ -260,22 +268,14 @@ impl Reclaim {
                 match self.policy {
                     ReclaimPolicy::Clock => {
                         if flags & (flag::REFERENCED | flag::PROMOTE) != 0 {
-                            folio.clear(flag::REFERENCED);
-                            folio
-                                .desc()
-                                .flags
-                                .fetch_and(!flag::PROMOTE, crate::sync::Ordering::Relaxed);
+                            clear_accesses(&folio);
                             putback.push((folio, List::Inactive));
                             continue;
                         }
                     }
                     ReclaimPolicy::Workingset | ReclaimPolicy::TwoLists => {
                         if flags & flag::PROMOTE != 0 {
-                            folio.clear(flag::REFERENCED);
-                            folio
-                                .desc()
-                                .flags
-                                .fetch_and(!flag::PROMOTE, crate::sync::Ordering::Relaxed);
+                            clear_accesses(&folio);
                             self.counters.activations.inc();
                             self.age
                                 .fetch_add(folio.nr_pages() as u64, Ordering::Relaxed);

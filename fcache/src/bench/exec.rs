@@ -8,8 +8,8 @@
 //! the device, I/O count, read amplification (bytes read over the bytes of distinct pages
 //! faulted), index metadata, and the cost of a fault that hits (interleaved repetitions).
 
-use super::BenchArgs;
 use super::report::{Figure, Plot, Ratio, Report, interleaved};
+use super::{BenchArgs, Rng};
 use foliocache::{Cache, File, OpenOptions, Policy, Region, RegionHint};
 use indicatif::{ProgressBar, ProgressStyle};
 use object::read::elf::{ElfFile64, ProgramHeader};
@@ -105,18 +105,6 @@ fn open_side(path: &Path, texts: &[Text], exec_order: u8) -> Result<(Side, bool)
         },
         buffered,
     ))
-}
-
-/// A small deterministic generator (the same fault sequence for both systems).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }
 
 /// The text page of fault number `k`: a region chosen by size, a page in it.

@@ -27,8 +27,8 @@
 //! resident memory (RSS) is measured before the cache is built and at the end, with the cache
 //! full: the difference against the budget is reported.
 
-use super::BenchArgs;
 use super::report::{Figure, Plot, Report};
+use super::{BenchArgs, Rng};
 use foliocache::reclaim::ReclaimPolicy;
 use foliocache::{Advice, Backend, Cache, File, Policy, ReadRequest};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -100,26 +100,6 @@ impl Backend for Synthetic {
     }
 }
 
-/// xorshift64*: a small seeded generator, so every system sees the same accesses.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -168,16 +148,6 @@ fn check(buf: &[u8], backend: &Synthetic, pos: u64) -> Result<(), String> {
     }
 }
 
-/// A shuffled order of `n` pages.
-fn permutation(n: u64, rng: &mut Rng) -> Vec<u64> {
-    let mut order: Vec<u64> = (0..n).collect();
-    for i in (1..order.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        order.swap(i, j);
-    }
-    order
-}
-
 /// Reads every page of `file` twice, each time in a shuffled order (4 KiB reads, no
 /// readahead): afterwards the set is on the lists with two accesses each.
 fn warm(file: &File, backend: &Synthetic, rng: &mut Rng) -> Result<(), String> {
@@ -185,7 +155,7 @@ fn warm(file: &File, backend: &Synthetic, rng: &mut Rng) -> Result<(), String> {
     handle.advise(Advice::Random).map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; PAGE as usize];
     for _ in 0..2 {
-        for page in permutation(file.size() / PAGE, rng) {
+        for page in rng.permutation(file.size() / PAGE) {
             handle
                 .read_at(&mut buf, page * PAGE)
                 .map_err(|e| e.to_string())?;
@@ -255,7 +225,7 @@ fn shift(budget: u64, policy: ReclaimPolicy, seed: u64) -> Result<Run, String> {
     let new = open(&cache, &new_backend)?;
     let mut rng = Rng(seed | 1);
     warm(&stale, &stale_backend, &mut rng)?;
-    let order = permutation(new.size() / PAGE, &mut rng);
+    let order = rng.permutation(new.size() / PAGE);
     let mut handle = new.handle();
     handle.advise(Advice::Random).map_err(|e| e.to_string())?;
     let mut buf = vec![0u8; PAGE as usize];
@@ -293,11 +263,7 @@ fn zipf_trace(pages: u64, s: f64, len: usize, seed: u64) -> Vec<u64> {
         cdf.push(total);
     }
     let mut rng = Rng(seed | 1);
-    let mut place: Vec<u64> = (0..pages).collect();
-    for i in (1..place.len()).rev() {
-        let j = rng.below(i as u64 + 1) as usize;
-        place.swap(i, j);
-    }
+    let place = rng.permutation(pages);
     (0..len)
         .map(|_| {
             let x = rng.unit() * total;
