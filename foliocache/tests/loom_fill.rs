@@ -14,6 +14,18 @@ use loom::thread;
 #[derive(Debug, Default)]
 struct ThreadedBackend {
     reads: AtomicUsize,
+    /// The completion threads, joined by the model before it returns (a thread still running
+    /// after the model's closure would outlive the execution's statics).
+    threads: loom::sync::Mutex<Vec<thread::JoinHandle<()>>>,
+}
+
+impl ThreadedBackend {
+    fn join_all(&self) {
+        let threads = std::mem::take(&mut *self.threads.lock().unwrap());
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
 }
 
 impl Backend for ThreadedBackend {
@@ -23,13 +35,14 @@ impl Backend for ThreadedBackend {
     fn submit(&self, requests: Vec<ReadRequest>) {
         for mut request in requests {
             self.reads.fetch_add(1, Ordering::Relaxed);
-            thread::spawn(move || {
+            let t = thread::spawn(move || {
                 for (offset, bytes) in request.targets() {
                     bytes.fill((offset / 4096 + 1) as u8);
                 }
                 let len = request.len();
                 request.complete(Ok(len));
             });
+            self.threads.lock().unwrap().push(t);
         }
     }
 }
@@ -56,6 +69,7 @@ fn reader_waits_for_the_completion_and_sees_its_bytes() {
         assert_eq!(handle.read_at(&mut buf, 4096).unwrap(), 16);
         assert_eq!(buf, [2u8; 16]);
         assert_eq!(backend.reads.load(Ordering::Relaxed), 1);
+        backend.join_all();
     });
 }
 

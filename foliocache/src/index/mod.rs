@@ -32,7 +32,7 @@ use crate::sync::unmodelled::{AtomicUsize as StatUsize, Ordering as StatOrdering
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
 use node::{CHUNK, CHUNK_SHIFT, Node, is_node};
 pub use node::{Entry, MAX_VALUE};
-use reclaim::{Guard, Retired, pin};
+use reclaim::{Guard, pin};
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
@@ -50,7 +50,6 @@ pub struct Index {
     writer: Mutex<()>,
     nodes: StatUsize,
     node_limit: usize,
-    retired: Retired,
     meter: Arc<NodeMeter>,
 }
 
@@ -129,7 +128,6 @@ impl Index {
             writer: Mutex::new(()),
             nodes: StatUsize::new(0),
             node_limit: limit,
-            retired: Retired::default(),
             meter,
         }
     }
@@ -945,9 +943,7 @@ impl IndexWriter<'_> {
         // SAFETY: callers pass a node they have just unlinked (no new reader can reach it) and
         // retire each node once.
         unsafe {
-            self.index
-                .retired
-                .retire(&self.guard, node, Arc::clone(&self.index.meter));
+            reclaim::retire(&self.guard, node, Arc::clone(&self.index.meter));
         };
     }
 

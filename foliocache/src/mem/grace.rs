@@ -5,18 +5,15 @@
 //! the folio could be freed *and reused* during that copy, the copy would race with the new
 //! owner's writes. So the memory of a folio that was ever published in an index is given back
 //! to the allocator only after a grace period: every reader that might have found it in an
-//! index has finished. Readers hold a [`ReadGuard`] around the lookup and the copy; a free
-//! defers the block's return until no guard taken before it is still alive. (Folios that never
-//! reached an index are freed at once: no reader can know them.)
+//! index has finished. Readers hold a [`ReadGuard`] (an epoch pin, [`super::epoch`]) around the
+//! lookup and the copy; a free defers the block's return until no pin taken before it is still
+//! alive. (Folios that never reached an index are freed at once: no reader can know them.)
 //!
-//! In production the guard is a crossbeam-epoch pin and the return is `Guard::defer`: the
-//! same epochs that protect index nodes, so a reader's cursor pin and its read guard are one
-//! cheap nested pin. Under loom, crossbeam's internals would swamp the model, so a stand-in
-//! with the same guarantee is used: readers register under a mutex, and deferred returns run
-//! only when no reader is registered. The models then check the optimistic read *given*
-//! grace periods; crossbeam's authors model their epochs themselves.
+//! The pins are the same epochs that protect index nodes, so a reader's cursor pin nested in its
+//! read guard costs a counter increment.
 
 use super::buddy::Buddy;
+use super::epoch;
 use crate::sync::unmodelled::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -26,26 +23,13 @@ pub(crate) struct Grace {
     buddy: Arc<Buddy>,
     /// Pages deferred and not yet returned (statistics, and for `reclaim_deferred`).
     pending: Arc<AtomicUsize>,
-    #[cfg(loom)]
-    stand_in: crate::sync::Mutex<StandIn>,
-}
-
-#[cfg(loom)]
-#[derive(Debug, Default)]
-struct StandIn {
-    readers: usize,
-    deferred: Vec<(u32, u8)>,
 }
 
 /// Held by an optimistic reader from before its index lookup until after its validation.
 #[must_use]
 pub(crate) struct ReadGuard<'g> {
-    #[cfg(not(loom))]
-    _pin: crossbeam_epoch::Guard,
-    #[cfg(not(loom))]
+    _pin: epoch::Guard,
     _grace: std::marker::PhantomData<&'g Grace>,
-    #[cfg(loom)]
-    grace: &'g Grace,
 }
 
 impl Grace {
@@ -53,8 +37,6 @@ impl Grace {
         Self {
             buddy,
             pending: Arc::new(AtomicUsize::new(0)),
-            #[cfg(loom)]
-            stand_in: crate::sync::Mutex::new(StandIn::default()),
         }
     }
 
@@ -64,17 +46,9 @@ impl Grace {
 
     /// Starts a read that may copy folio bytes without a reference.
     pub(crate) fn read_guard(&self) -> ReadGuard<'_> {
-        #[cfg(not(loom))]
-        {
-            ReadGuard {
-                _pin: crossbeam_epoch::pin(),
-                _grace: std::marker::PhantomData,
-            }
-        }
-        #[cfg(loom)]
-        {
-            self.stand_in.lock().readers += 1;
-            ReadGuard { grace: self }
+        ReadGuard {
+            _pin: epoch::pin(),
+            _grace: std::marker::PhantomData,
         }
     }
 
@@ -82,36 +56,11 @@ impl Grace {
     /// been dropped.
     pub(crate) fn free_after_grace(&self, pfn: u32, order: u8) {
         self.pending.fetch_add(1 << order, Ordering::Relaxed);
-        #[cfg(not(loom))]
-        {
-            let (buddy, pending) = (Arc::clone(&self.buddy), Arc::clone(&self.pending));
-            let guard = crossbeam_epoch::pin();
-            guard.defer(move || {
-                buddy.free(pfn, order);
-                pending.fetch_sub(1 << order, Ordering::Relaxed);
-            });
-            // Deferred functions wait in this thread's own bag until it fills up or is flushed;
-            // a reader thread that happened to drop a folio's last reference may not pin again
-            // for a long time, stranding the memory. Hand it to the global queue now (frees of
-            // published folios are rare and off the hit path).
-            guard.flush();
-        }
-        #[cfg(loom)]
-        {
-            let mut stand_in = self.stand_in.lock();
-            stand_in.deferred.push((pfn, order));
-            if stand_in.readers == 0 {
-                self.return_deferred(&mut stand_in);
-            }
-        }
-    }
-
-    #[cfg(loom)]
-    fn return_deferred(&self, stand_in: &mut StandIn) {
-        for (pfn, order) in stand_in.deferred.drain(..) {
-            self.buddy.free(pfn, order);
-            self.pending.fetch_sub(1 << order, Ordering::Relaxed);
-        }
+        let (buddy, pending) = (Arc::clone(&self.buddy), Arc::clone(&self.pending));
+        epoch::defer(move || {
+            buddy.free(pfn, order);
+            pending.fetch_sub(1 << order, Ordering::Relaxed);
+        });
     }
 
     /// Pages freed but still waiting for a grace period.
@@ -120,57 +69,26 @@ impl Grace {
     }
 
     /// Pushes deferred frees along (they complete once no reader that could see them is left);
-    /// returns whether none is pending any more. Each push advances the epoch if every pinned
-    /// thread has caught up, and runs a few batches of deferred frees. A thread descheduled
-    /// while pinned holds the epoch back until it runs again, so when pushing stops helping,
-    /// this yields the CPU and tries again, for at most `patience`.
+    /// returns whether none is pending any more. A reader descheduled while pinned holds the
+    /// epoch back until it runs again, so when collecting stops helping this yields the CPU and
+    /// tries again, for at most `patience`.
     pub(crate) fn reclaim_deferred(&self, patience: std::time::Duration) -> bool {
-        #[cfg(not(loom))]
-        {
-            // A caller that is itself pinned (holding a cursor, say) holds the epoch back: waiting
-            // would only wait for itself. Push once and report.
-            let patience = if crossbeam_epoch::is_pinned() {
-                std::time::Duration::ZERO
-            } else {
-                patience
-            };
-            let start = std::time::Instant::now();
-            let mut last = self.pending_pages();
-            let mut idle = 0u32;
-            while last > 0 {
-                crossbeam_epoch::pin().flush();
-                let now = self.pending_pages();
-                idle = if now < last { 0 } else { idle + 1 };
-                last = now;
-                if start.elapsed() >= patience {
-                    break;
-                }
-                if idle >= 64 {
-                    std::thread::yield_now();
-                    idle = 0;
-                }
+        // A caller that is itself pinned (holding a cursor, say) holds the epoch back: waiting
+        // would only wait for itself. Collect once and report. Under loom, one attempt too: a
+        // model must not spin on the clock.
+        let patience = if epoch::is_pinned() || cfg!(loom) {
+            std::time::Duration::ZERO
+        } else {
+            patience
+        };
+        let start = std::time::Instant::now();
+        loop {
+            epoch::collect();
+            if self.pending_pages() == 0 || start.elapsed() >= patience {
+                break;
             }
-        }
-        #[cfg(loom)]
-        let _ = patience;
-        #[cfg(loom)]
-        {
-            let mut stand_in = self.stand_in.lock();
-            if stand_in.readers == 0 {
-                self.return_deferred(&mut stand_in);
-            }
+            std::thread::yield_now();
         }
         self.pending_pages() == 0
-    }
-}
-
-#[cfg(loom)]
-impl Drop for ReadGuard<'_> {
-    fn drop(&mut self) {
-        let mut stand_in = self.grace.stand_in.lock();
-        stand_in.readers -= 1;
-        if stand_in.readers == 0 {
-            self.grace.return_deferred(&mut stand_in);
-        }
     }
 }

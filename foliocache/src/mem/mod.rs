@@ -14,6 +14,7 @@
 
 pub(crate) mod arena;
 pub(crate) mod buddy;
+pub mod epoch;
 pub(crate) mod folio;
 pub(crate) mod grace;
 pub(crate) mod lru;
@@ -268,5 +269,13 @@ impl Memory {
 
     pub(crate) fn free_blocks_by_order(&self) -> Vec<usize> {
         self.grace.buddy().free_blocks_by_order()
+    }
+}
+
+impl Drop for Memory {
+    /// Frees deferred for this cache's folios keep its allocator's free lists alive until they
+    /// run; push them along now rather than at some later, unrelated free.
+    fn drop(&mut self) {
+        epoch::collect();
     }
 }
