@@ -1,5 +1,5 @@
 //! Micro-benchmarks of the core: lookup hit, the refcount protocol (FrozenBit vs Cas, one and
-//! two threads on one folio), insertion one by one vs a run under one lock hold, and a 64-byte
+//! two threads on one folio), an epoch pin (one and two threads), insertion one by one vs a run under one lock hold, and a 64-byte
 //! read optimistic (no reference) vs referenced, and a readahead window fill with batched vs
 //! single insertion (seeds 000/003).
 //!
@@ -88,6 +88,35 @@ fn refcount(c: &mut Criterion) {
                 },
             );
         }
+    }
+    group.finish();
+}
+
+/// An epoch pin and unpin (the read side of the crate's RCU), one and two threads: with two,
+/// the time per pair should stay that of one thread, since a pin writes only its own line.
+fn epoch_pin(c: &mut Criterion) {
+    let mut group = c.benchmark_group("epoch_pin_unpin");
+    for threads in [1usize, 2] {
+        group.bench_with_input(
+            BenchmarkId::from_parameter(format!("{threads}-thread")),
+            &threads,
+            |b, &threads| {
+                b.iter_custom(|iters| {
+                    let work = |n: u64| {
+                        for _ in 0..n {
+                            black_box(foliocache::mem::epoch::pin());
+                        }
+                    };
+                    if threads == 1 {
+                        let start = Instant::now();
+                        work(iters);
+                        start.elapsed()
+                    } else {
+                        concurrently(threads, iters, &work)
+                    }
+                });
+            },
+        );
     }
     group.finish();
 }
@@ -222,6 +251,7 @@ criterion_group!(
     benches,
     lookup_hit,
     refcount,
+    epoch_pin,
     insertion,
     small_read,
     readahead_fill
