@@ -104,7 +104,7 @@ fn epoch_pin(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     let work = |n: u64| {
                         for _ in 0..n {
-                            black_box(foliocache::mem::epoch::pin());
+                            drop(black_box(foliocache::mem::epoch::pin()));
                         }
                     };
                     if threads == 1 {
