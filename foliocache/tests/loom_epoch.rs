@@ -8,9 +8,14 @@
 //! checks the object it found has not been freed, for as long as it stays pinned. Whatever the
 //! interleaving, a pinned reader never sees the object it found freed; and once every reader has
 //! gone, a collect frees everything deferred.
+//!
+//! Each object also has an `epoch::AccessTracker` (a `loom::cell::UnsafeCell` of nothing)
+//! standing for its memory: the reader's uses are reads of it, the free a write. loom reports a read and a write that are not ordered by
+//! happens-before, so the models check causality, not only what the flags show (they fail when
+//! the pin's store is relaxed, the hole a re-pin would leave).
 #![cfg(loom)]
 
-use foliocache::mem::epoch;
+use foliocache::mem::epoch::{self, AccessTracker};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 use std::sync::Arc;
@@ -18,6 +23,7 @@ use std::sync::Arc;
 struct World {
     slot: AtomicUsize,
     freed: Vec<AtomicBool>,
+    memory: Vec<AccessTracker>,
 }
 
 impl World {
@@ -25,6 +31,7 @@ impl World {
         Arc::new(Self {
             slot: AtomicUsize::new(0),
             freed: (0..objects).map(|_| AtomicBool::new(false)).collect(),
+            memory: (0..objects).map(|_| AccessTracker::default()).collect(),
         })
     }
 
@@ -32,11 +39,13 @@ impl World {
     fn read(&self) {
         let guard = epoch::pin();
         let found = self.slot.load(Ordering::Acquire);
+        self.memory[found].read();
         assert!(
             !self.freed[found].load(Ordering::Relaxed),
             "object {found} freed before the reader's load"
         );
         loom::thread::yield_now();
+        self.memory[found].read();
         assert!(
             !self.freed[found].load(Ordering::Relaxed),
             "object {found} freed under a pinned reader"
@@ -48,7 +57,10 @@ impl World {
     fn replace(self: &Arc<Self>, next: usize) {
         let old = self.slot.swap(next, Ordering::AcqRel);
         let world = Arc::clone(self);
-        epoch::defer(move || world.freed[old].store(true, Ordering::Relaxed));
+        epoch::defer(move || {
+            world.memory[old].write();
+            world.freed[old].store(true, Ordering::Relaxed);
+        });
         epoch::collect();
     }
 }

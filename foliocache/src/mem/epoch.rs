@@ -15,9 +15,12 @@
 //!   unregistered when the thread exits), each on its own cache line, holding `IDLE` or the
 //!   epoch it pinned.
 //! * **Pin** (outermost only; nested pins just count): load the global epoch, store it in the
-//!   participant, then a `SeqCst` fence, so the loads the reader does next cannot be satisfied
-//!   before the store is visible to an advancer. **Unpin**: store `IDLE` with release, so the
-//!   reader's loads happen before whatever frees what it read.
+//!   participant (release), then a `SeqCst` fence, so the loads the reader does next cannot be
+//!   satisfied before the store is visible to an advancer. **Unpin**: store `IDLE` (release).
+//!   Both stores are releases: whichever of them an advancer reads, the reads the reader made
+//!   while pinned before it happen before what the advance lets be freed. (A relaxed pin store
+//!   would not do: a later plain store does not carry an earlier release, so an advancer that
+//!   read a re-pin instead of the unpin would not be ordered after the reader's reads.)
 //! * **Defer** (a writer that has unlinked something): under the garbage lock, a `SeqCst` fence,
 //!   then tag the function with the current epoch and queue it. It may run once the epoch has
 //!   advanced twice past its tag.
@@ -30,19 +33,22 @@
 //! tagged `t` was pinned before the unlink was visible to it, so in an epoch `≤ t` (or idle when
 //! the advance to `t + 1` scanned it, and then, by the fences, its later loads see the unlink).
 //! The advance from `t + 1` to `t + 2` requires it idle or pinned at `t + 1`, so by then it has
-//! unpinned since, and its unpin (release) happens before the scan (acquire fence).
+//! unpinned since; the value that scan read was stored (with release) after those reads, and
+//! the scan's acquire fence orders them before the free.
 //!
 //! The loom model in `tests/loom_epoch.rs` checks this protocol itself (a reader that finds an
 //! object never sees it freed), and the folio models in `tests/loom_optimistic.rs` and
 //! `tests/loom_reclaim.rs` run on top of it: under `--cfg loom` the very same code runs, with
 //! the global state in a `loom::lazy_static` and the participants in `loom::thread_local`.
+//! loom drops its statics when the model's closure returns, so a model must join every thread
+//! that may still pin, defer or collect before returning.
 
 use crate::sync::unmodelled::{AtomicUsize as PlainUsize, Ordering as PlainOrdering};
 use crate::sync::{AtomicU64, Mutex, Ordering, fence};
 use crossbeam_utils::CachePadded;
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::marker::PhantomData;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// A participant's word when it is not pinned.
@@ -146,11 +152,12 @@ impl Domain {
     }
 
     fn run(&self, ready: Vec<Deferred>) {
-        let n = ready.len();
+        // Counted out before running: were one to panic, the rest would be dropped unrun (their
+        // memory leaked) and the count would still be right.
+        self.pending.fetch_sub(ready.len(), PlainOrdering::Relaxed);
         for f in ready {
             f();
         }
-        self.pending.fetch_sub(n, PlainOrdering::Relaxed);
     }
 
     fn defer(&self, f: Deferred) {
@@ -251,9 +258,10 @@ impl Local {
         self.depth.set(depth + 1);
         if depth == 0 {
             let epoch = self.domain.epoch.load(Ordering::Relaxed);
+            // Release: see the module comment (a re-pin must carry this thread's earlier reads).
             self.participant
                 .state
-                .store(pinned(epoch), Ordering::Relaxed);
+                .store(pinned(epoch), Ordering::Release);
             // The reader's loads that follow must not be satisfied before an advancer can see
             // the store above (pairs with the fence in `try_advance`).
             fence(Ordering::SeqCst);
@@ -278,24 +286,25 @@ impl Drop for Local {
     }
 }
 
+// Shared by the thread-local slot and every guard the thread holds (an `Rc`): a guard kept in
+// another thread-local that is destroyed after this one still unpins the right participant,
+// and the participant leaves the registry only when the last of them is gone.
 #[cfg(not(loom))]
 std::thread_local! {
-    static LOCAL: Local = Local::new();
+    static LOCAL: Rc<Local> = Rc::new(Local::new());
 }
 
 #[cfg(loom)]
 loom::thread_local! {
-    static LOCAL: Local = Local::new();
+    static LOCAL: Rc<Local> = Rc::new(Local::new());
 }
 
-/// An epoch pin: while it lives, nothing reachable when it was taken is freed. Not `Send`: the
-/// pin belongs to the thread that took it.
+/// An epoch pin: while it lives, nothing reachable when it was taken is freed. Not `Send` (it
+/// holds an `Rc`): the pin belongs to the thread that took it. A guard that is leaked
+/// (`mem::forget`) holds every later grace period back for the whole process.
 #[must_use]
 pub struct Guard {
-    /// Set when the thread's own participant was unavailable (the thread is exiting and its
-    /// thread-locals are being destroyed): a participant registered for this guard alone.
-    own: Option<Local>,
-    _not_send: PhantomData<*mut ()>,
+    local: Rc<Local>,
 }
 
 impl std::fmt::Debug for Guard {
@@ -306,42 +315,35 @@ impl std::fmt::Debug for Guard {
 
 /// Pins the current thread (nested pins are a counter increment).
 pub fn pin() -> Guard {
-    if LOCAL.try_with(Local::pin).is_ok() {
-        Guard {
-            own: None,
-            _not_send: PhantomData,
-        }
-    } else {
-        let own = Local::new();
-        own.pin();
-        Guard {
-            own: Some(own),
-            _not_send: PhantomData,
-        }
-    }
+    // While the thread's thread-locals are being destroyed the slot is gone: such a late pin
+    // gets a participant of its own, registered for this guard alone.
+    let local = LOCAL
+        .try_with(Rc::clone)
+        .unwrap_or_else(|_| Rc::new(Local::new()));
+    local.pin();
+    Guard { local }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        match &self.own {
-            Some(own) => own.unpin(),
-            None => {
-                // The thread-local outlives every guard taken through it (a guard is not
-                // `Send`, and thread-locals are destroyed only when the thread exits).
-                let _ = LOCAL.try_with(Local::unpin);
-            }
-        }
+        self.local.unpin();
     }
 }
 
 /// Whether the current thread holds a pin (it then holds the epoch back itself: waiting for a
-/// grace period would wait for itself).
+/// grace period would wait for itself). A pin taken while the thread's thread-locals are being
+/// destroyed is not seen here.
 pub fn is_pinned() -> bool {
     LOCAL.try_with(|l| l.depth.get() > 0).unwrap_or(false)
 }
 
 /// Runs `f` once every thread pinned now has unpinned. The caller must have made what `f` frees
 /// unreachable for readers that pin from now on before calling.
+///
+/// `f` runs inline, inside some later `defer` or [`collect`] on whatever thread makes that call,
+/// which may hold locks of its own (an index's writer lock, say): it must not block, and must
+/// take no lock such a caller could hold. In this crate the functions free index nodes and
+/// return blocks to the allocator.
 pub fn defer(f: impl FnOnce() + Send + 'static) {
     domain().defer(Box::new(f));
 }
@@ -352,7 +354,7 @@ pub fn collect() {
     domain().collect();
 }
 
-/// Deferred functions not yet run (across the process).
+/// Deferred functions not yet run (across the process; under loom, the execution).
 pub fn pending() -> usize {
     domain().pending.load(PlainOrdering::Relaxed)
 }
@@ -360,6 +362,30 @@ pub fn pending() -> usize {
 /// The global epoch (tests and diagnostics).
 pub fn epoch() -> u64 {
     domain().epoch.load(Ordering::Relaxed)
+}
+
+/// For loom models of code that frees what readers use: stands for an object's memory and
+/// records reads and writes of it with loom's causality checker, which reports a read and a
+/// write not ordered by happens-before. It holds no data.
+#[cfg(loom)]
+#[derive(Debug, Default)]
+pub struct AccessTracker(loom::cell::UnsafeCell<()>);
+
+// SAFETY: the cell holds `()` and is never dereferenced (only `with`/`with_mut` with closures
+// that ignore the pointer), so sharing it between threads shares no data.
+#[cfg(loom)]
+unsafe impl Sync for AccessTracker {}
+
+#[cfg(loom)]
+impl AccessTracker {
+    /// Records a read of the object.
+    pub fn read(&self) {
+        self.0.with(|_| ());
+    }
+    /// Records a write of the object (its free).
+    pub fn write(&self) {
+        self.0.with_mut(|_| ());
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -390,8 +416,16 @@ mod tests {
         );
         release_tx.send(()).unwrap();
         reader.join().unwrap();
-        collect();
-        assert!(ran.load(std::sync::atomic::Ordering::SeqCst));
+        // Other tests of this binary pin too (briefly): collect until they let go.
+        let start = std::time::Instant::now();
+        while !ran.load(std::sync::atomic::Ordering::SeqCst) {
+            collect();
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "never ran after the reader unpinned"
+            );
+            std::thread::yield_now();
+        }
     }
 
     #[test]

@@ -274,8 +274,10 @@ impl Memory {
 
 impl Drop for Memory {
     /// Frees deferred for this cache's folios keep its allocator's free lists alive until they
-    /// run; push them along now rather than at some later, unrelated free.
+    /// run: complete them now rather than at some later, unrelated free.
     fn drop(&mut self) {
-        epoch::collect();
+        // Readers pin briefly; one still pinned when this runs holds the frees back, so wait a
+        // little for it (frees that still wait after that run at some later collect).
+        self.grace.reclaim_deferred(Duration::from_millis(100));
     }
 }
