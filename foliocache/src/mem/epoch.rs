@@ -6,8 +6,9 @@
 //! The crate used it first. Its pin is cheap, but every 128th pin of each thread tries to
 //! advance the global epoch: it reads every other thread's epoch word (lines those threads write
 //! on every pin) and writes the global epoch (a line every pin reads). On this machine, two
-//! threads doing nothing but pin and unpin reach 1.1× one thread's rate; with the scheme below
-//! they reach 2.0× (the share-nothing ceiling). Seed 002's benchmark is exactly many threads
+//! threads doing nothing but pin and unpin reached 1.1× one thread's rate; with the scheme below
+//! they reach 2.0× (the share-nothing ceiling; measured when the change was made, and
+//! `epoch_pin_unpin` in `benches/core.rs` measures this scheme on one and two threads). Seed 002's benchmark is exactly many threads
 //! reading one file, so the read side must write only its own cache line, and nothing else.
 //!
 //! # The protocol
