@@ -12,11 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 fn stress_time() -> Duration {
-    let secs = std::env::var("FOLIOCACHE_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(2.0);
-    Duration::from_secs_f64(secs / 2.0)
+    common::stress_duration() / 2
 }
 
 fn run(delay: Option<Duration>, insert: InsertPolicy) {

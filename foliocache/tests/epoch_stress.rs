@@ -6,6 +6,8 @@
 //!
 //! Duration: `FOLIOCACHE_STRESS_SECS` seconds (default 2).
 
+mod common;
+
 use foliocache::mem::epoch;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -31,10 +33,6 @@ fn payload_of(object: usize) -> u64 {
 
 #[test]
 fn pinned_readers_never_see_their_object_freed() {
-    let secs = std::env::var("FOLIOCACHE_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(2.0);
     let world = Arc::new(World {
         slot: AtomicUsize::new(0),
         next: AtomicUsize::new(1),
@@ -104,7 +102,7 @@ fn pinned_readers_never_see_their_object_freed() {
         })
         .collect();
 
-    std::thread::sleep(Duration::from_secs_f64(secs));
+    std::thread::sleep(common::stress_duration());
     stop.store(true, Ordering::Relaxed);
     for t in readers.into_iter().chain(writers) {
         t.join().unwrap();

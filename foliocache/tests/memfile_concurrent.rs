@@ -4,6 +4,8 @@
 //!
 //! Duration: `FOLIOCACHE_STRESS_SECS` seconds per configuration (default 2, split in four).
 
+mod common;
+
 use foliocache::{Cache, File, PAGE_SIZE, Policy, ReadPolicy};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -127,11 +129,7 @@ fn run(max_order: u8, read: ReadPolicy, time: Duration) {
 }
 
 fn slice() -> Duration {
-    let secs = std::env::var("FOLIOCACHE_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(2.0);
-    Duration::from_secs_f64(secs / 4.0)
+    common::stress_duration() / 4
 }
 
 #[test]

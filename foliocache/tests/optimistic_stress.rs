@@ -9,6 +9,8 @@
 //!
 //! Duration: `FOLIOCACHE_STRESS_SECS` seconds per folio-order setting (default 2, halved).
 
+mod common;
+
 use foliocache::{Cache, File, PAGE_SIZE, Policy, SmallReadPolicy};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -35,11 +37,7 @@ impl Rng {
 }
 
 fn duration() -> Duration {
-    let secs = std::env::var("FOLIOCACHE_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(2.0);
-    Duration::from_secs_f64(secs / 2.0)
+    common::stress_duration() / 2
 }
 
 fn run(max_order: u8) {

@@ -442,10 +442,6 @@ fn the_budget_holds_folios_and_metadata_together() {
 /// finishes (no deadlock, every reader makes progress) within a time bound.
 #[test]
 fn readers_a_scanner_and_eviction_on_a_tiny_budget() {
-    let seconds: u64 = std::env::var("FOLIOCACHE_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2);
     let cache = Cache::builder().capacity(256 << 10).build().unwrap();
     let files: Vec<File> = (0..3)
         .map(|k| {
@@ -455,7 +451,7 @@ fn readers_a_scanner_and_eviction_on_a_tiny_budget() {
         .collect();
     let stop = AtomicBool::new(false);
     let progress: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
-    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let deadline = Instant::now() + common::stress_duration();
     std::thread::scope(|s| {
         // Random 4 KiB..64 KiB reads of file 0 and file 1.
         for (t, file) in files[..2].iter().enumerate() {

@@ -9,6 +9,8 @@
 //!
 //! Duration: `FOLIOCACHE_STRESS_SECS` seconds per refcount policy (default 2).
 
+mod common;
+
 use foliocache::index::Entry;
 use foliocache::{Cache, FolioBatch, FolioRef, Mapping, PAGE_SIZE, Policy, RefcountPolicy};
 use std::collections::BTreeMap;
@@ -19,11 +21,7 @@ const PAGES_PER_FILE: u64 = 256;
 const CACHE_PAGES: u64 = 320;
 
 fn duration() -> Duration {
-    let secs = std::env::var("FOLIOCACHE_STRESS_SECS")
-        .ok()
-        .and_then(|s| s.parse::<f64>().ok())
-        .unwrap_or(2.0);
-    Duration::from_secs_f64(secs)
+    common::stress_duration()
 }
 
 /// A small, fast, seedable generator (xorshift64*), so the test needs no extra dependency.

@@ -1,5 +1,5 @@
-//! A test backend: file bytes in memory, reads completed inline or on a thread, chosen pages
-//! failing.
+//! Shared test helpers: a test backend (file bytes in memory, reads completed inline or on a
+//! thread, chosen pages failing), and the stress tests' duration.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -120,4 +120,15 @@ impl Backend for MemBackend {
             }
         }
     }
+}
+
+/// The stress tests' time budget: `FOLIOCACHE_STRESS_SECS` seconds (default 2; `.ci/run` sets
+/// it). A test that runs several phases takes a fraction of it for each.
+pub fn stress_duration() -> Duration {
+    let secs = std::env::var("FOLIOCACHE_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .unwrap_or(2.0);
+    Duration::from_secs_f64(secs)
 }
