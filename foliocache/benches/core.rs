@@ -42,6 +42,18 @@ fn lookup_hit(c: &mut Criterion) {
     group.finish();
 }
 
+/// Runs `per_thread(iters)` on this thread (`threads` = 1) or on `threads` threads at once, and
+/// returns the wall time.
+fn timed(threads: usize, iters: u64, per_thread: &(dyn Fn(u64) + Sync)) -> Duration {
+    if threads == 1 {
+        let start = Instant::now();
+        per_thread(iters);
+        start.elapsed()
+    } else {
+        concurrently(threads, iters, per_thread)
+    }
+}
+
 /// Runs `per_thread(iters)` on `threads` threads at once and returns the wall time.
 fn concurrently(threads: usize, iters: u64, per_thread: &(dyn Fn(u64) + Sync)) -> Duration {
     let barrier = std::sync::Barrier::new(threads + 1);
@@ -77,13 +89,7 @@ fn refcount(c: &mut Criterion) {
                                 black_box(count.put(policy));
                             }
                         };
-                        if threads == 1 {
-                            let start = Instant::now();
-                            work(iters);
-                            start.elapsed()
-                        } else {
-                            concurrently(threads, iters, &work)
-                        }
+                        timed(threads, iters, &work)
                     });
                 },
             );
@@ -107,13 +113,7 @@ fn epoch_pin(c: &mut Criterion) {
                             drop(black_box(foliocache::mem::epoch::pin()));
                         }
                     };
-                    if threads == 1 {
-                        let start = Instant::now();
-                        work(iters);
-                        start.elapsed()
-                    } else {
-                        concurrently(threads, iters, &work)
-                    }
+                    timed(threads, iters, &work)
                 });
             },
         );

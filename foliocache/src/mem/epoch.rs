@@ -125,17 +125,12 @@ impl Domain {
 
     /// Takes out of the queue the functions whose grace period is over.
     fn expired(&self, garbage: &mut Garbage, epoch: u64) -> Vec<Deferred> {
-        let mut ready = Vec::new();
-        while garbage
+        let expired = garbage
             .queue
-            .front()
-            .is_some_and(|&(tag, _)| tag + 2 <= epoch)
-        {
-            if let Some((_, f)) = garbage.queue.pop_front() {
-                ready.push(f);
-            }
-        }
-        ready
+            .iter()
+            .take_while(|&&(tag, _)| tag + 2 <= epoch)
+            .count();
+        garbage.queue.drain(..expired).map(|(_, f)| f).collect()
     }
 
     /// Up to two advances (each needs every participant caught up), then the expired functions.
