@@ -101,7 +101,7 @@ impl Default for CacheBuilder {
             capacity: 256 << 20,
             arena_pages: None,
             max_order: MAX_ORDER,
-            huge_pages: false,
+            huge_pages: true,
             prefault: false,
             policy: Policy::default(),
             io_engine: EngineKind::Auto,
@@ -142,7 +142,14 @@ impl CacheBuilder {
         self
     }
 
-    /// Ask the kernel to back the arena with transparent huge pages (`MADV_HUGEPAGE`).
+    /// Ask the kernel to back the arena with transparent huge pages (`MADV_HUGEPAGE`; on by
+    /// default). Besides sparing TLB misses, huge pages make a folio run physically contiguous,
+    /// so an O_DIRECT read into it reaches the disk as one segment instead of one per 4 KiB
+    /// page. On this machine's virtual disk, reads into 4 KiB pages got 1.3 GiB/s and reads
+    /// into huge pages 3.3 (`fcache bench readseq`, rows `device/reused-4k-pages` and
+    /// `device/reused`), and foliocache's own readseq went from 2.0 to 2.5 GiB/s. Best effort:
+    /// where THP is disabled the arena keeps small pages. Off: 4 KiB pages, whatever the system
+    /// setting.
     pub fn huge_pages(mut self, on: bool) -> Self {
         self.huge_pages = on;
         self

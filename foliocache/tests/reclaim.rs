@@ -437,6 +437,63 @@ fn the_budget_holds_folios_and_metadata_together() {
     assert!(stats.index_node_bytes <= stats.index_reserve_pages * PAGE);
 }
 
+/// On a large arena backed by huge pages (the default) the index reserve is taken in whole
+/// 2 MiB blocks: single pages, each discarded, would split a huge page apiece. The reserve still
+/// pays for the nodes, the budget still holds, and a block is not given back and taken again
+/// while it covers the nodes.
+#[test]
+fn the_index_reserve_moves_in_whole_huge_pages_on_a_huge_page_arena() {
+    const HUGE: u64 = 512;
+    let budget = 96u64 << 20;
+    let read_all = |cache: &Cache| {
+        let backend = Arc::new(MemBackend::new(pattern(40 << 20)));
+        let file = cache.open_backend(backend, None).unwrap();
+        for _round in 0..2 {
+            file.drop_cached(0, 0);
+            let mut handle = file.handle();
+            let mut buf = vec![0u8; 256 << 10];
+            let mut pos = 0;
+            while pos < file.size() {
+                pos += handle.read_at(&mut buf, pos).unwrap() as u64;
+            }
+            file.wait_for_io();
+        }
+        let stats = cache.stats();
+        assert!(stats.index_node_bytes > 0);
+        assert!(
+            stats.index_node_bytes <= stats.index_reserve_pages * PAGE,
+            "index nodes not paid for: {stats:?}"
+        );
+        assert!(stats.accounted_bytes() <= budget, "{stats:?}");
+        (file, stats)
+    };
+    let cache = Cache::builder().capacity(budget).build().unwrap();
+    let (file, stats) = read_all(&cache);
+    // The nodes need far less than a block: the test is about granularity.
+    assert!(stats.index_node_bytes < (1 << 20), "{stats:?}");
+    assert_eq!(
+        stats.index_reserve_pages, HUGE,
+        "one whole block: {stats:?}"
+    );
+    // Dropping the file's pages shrinks the nodes, and the block stays: no give-and-take.
+    file.drop_cached(0, 0);
+    let mut buf = [0u8; 4096];
+    file.handle().read_at(&mut buf, 0).unwrap();
+    assert_eq!(cache.stats().index_reserve_pages, HUGE);
+
+    // Small pages: the reserve follows the nodes page by page.
+    let small = Cache::builder()
+        .capacity(budget)
+        .huge_pages(false)
+        .build()
+        .unwrap();
+    let (_file, stats) = read_all(&small);
+    assert!(
+        stats.index_reserve_pages > 0 && stats.index_reserve_pages < HUGE,
+        "{stats:?}"
+    );
+}
+
 /// Readers of two files (random and sequential), a scanner of a third, and explicit evictions,
 /// all on a budget a fraction of the data: every read returns the right bytes, and the run
 /// finishes (no deadlock, every reader makes progress) within a time bound.

@@ -110,14 +110,19 @@ impl Arena {
         self.pages
     }
 
-    /// Gives page `pfn`'s memory back to the kernel (`MADV_DONTNEED`): it reads as zeros and
-    /// costs no resident memory until touched again. Best effort.
-    pub(crate) fn discard(&self, pfn: usize) {
+    /// Gives the memory of pages `pfn..pfn + count` back to the kernel (`MADV_DONTNEED`): they
+    /// read as zeros and cost no resident memory until touched again. Best effort.
+    pub(crate) fn discard(&self, pfn: usize, count: usize) {
+        assert!(
+            count > 0 && pfn.checked_add(count).is_some_and(|end| end <= self.pages),
+            "pages {pfn}+{count} outside the arena"
+        );
         let page = self.page_ptr(pfn);
-        // SAFETY: one page inside our own private anonymous mapping, which the caller owns
-        // (allocated, referenced by no folio), so no one reads or writes it meanwhile.
+        // SAFETY: the range lies inside our own private anonymous mapping (checked above), and
+        // the caller owns its pages (allocated, referenced by no folio), so no one reads or
+        // writes them meanwhile.
         unsafe {
-            libc::madvise(page.cast(), PAGE_SIZE, libc::MADV_DONTNEED);
+            libc::madvise(page.cast(), count * PAGE_SIZE, libc::MADV_DONTNEED);
         }
     }
 }
