@@ -1,30 +1,83 @@
 //! Measures the device: `cargo run --release --example device_probe -- BLOCK_KIB DEPTH THREADS FILE...`
-//! (each thread reads its share of the files with its own ring).
-fn main() {
+//! (each thread reads its share of the files with its own ring) into memory that keeps every
+//! byte, or with `FOLIOCACHE_PROBE_BUFFERS=reused` or `reused-4k` into reused buffers (see
+//! `foliocache::io::probe::Buffers`). Buffers are faulted in before the threads start together.
+use foliocache::io::probe::{Buffers, Probe};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const USAGE: &str = "usage: device_probe BLOCK_KIB DEPTH THREADS FILE...";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(line) => {
+            println!("{line}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("device_probe: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<String, String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let block: usize = args[0].parse::<usize>().unwrap() << 10;
-    let depth: usize = args[1].parse().unwrap();
-    let threads: usize = args[2].parse().unwrap();
-    let files: Vec<std::path::PathBuf> = args[3..].iter().map(Into::into).collect();
-    let start = std::time::Instant::now();
-    let bytes: u64 = std::thread::scope(|s| {
+    let number = |k: usize, what: &str| -> Result<usize, String> {
+        let arg = args.get(k).ok_or_else(|| USAGE.to_string())?;
+        arg.parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("{what} must be a positive number, not {arg:?}\n{USAGE}"))
+    };
+    let block = number(0, "BLOCK_KIB")? << 10;
+    let depth = number(1, "DEPTH")?;
+    let threads = number(2, "THREADS")?;
+    let files: Vec<PathBuf> = args.iter().skip(3).map(Into::into).collect();
+    if files.is_empty() {
+        return Err(USAGE.into());
+    }
+    let buffers = match std::env::var("FOLIOCACHE_PROBE_BUFFERS").as_deref() {
+        Ok("reused") => Buffers::Reused,
+        Ok("reused-4k") => Buffers::ReusedSmallPages,
+        Ok("keep") | Err(_) => Buffers::Keep,
+        Ok(other) => {
+            return Err(format!(
+                "FOLIOCACHE_PROBE_BUFFERS={other:?}: expected keep, reused or reused-4k"
+            ));
+        }
+    };
+    let start_line = std::sync::Barrier::new(threads + 1);
+    let (bytes, elapsed) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let mine: Vec<&std::path::Path> = files
                     .iter()
                     .skip(t)
                     .step_by(threads)
-                    .map(std::path::PathBuf::as_path)
+                    .map(PathBuf::as_path)
                     .collect();
+                let start_line = &start_line;
                 s.spawn(move || {
-                    foliocache::io::probe::sequential_read(&mine, block, depth)
-                        .unwrap()
-                        .bytes
+                    let probe = Probe::prepare(&mine, block, depth, buffers);
+                    start_line.wait();
+                    probe
+                        .and_then(Probe::run)
+                        .map(|read| read.bytes)
+                        .map_err(|e| e.to_string())
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).sum()
+        start_line.wait();
+        let start = std::time::Instant::now();
+        let bytes = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a reader panicked".into())))
+            .sum::<Result<u64, String>>();
+        (bytes, start.elapsed())
     });
-    let secs = start.elapsed().as_secs_f64();
-    println!("{:.0} MiB/s", bytes as f64 / secs / f64::from(1 << 20));
+    Ok(format!(
+        "{:.0} MiB/s",
+        bytes? as f64 / elapsed.as_secs_f64() / f64::from(1 << 20)
+    ))
 }

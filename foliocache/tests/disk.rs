@@ -108,3 +108,30 @@ fn opening_a_missing_file_or_a_directory_is_a_clear_error() {
     let error = cache.open(env!("CARGO_TARGET_TMPDIR")).unwrap_err();
     assert!(error.to_string().contains("could not open"), "{error}");
 }
+
+#[test]
+fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
+    use foliocache::io::probe::{Buffers, Probe, sequential_read};
+    // Not a multiple of the block: the last read is short (O_DIRECT stops at end of file).
+    let size = 5 * (128 << 10) + 3 * 4096;
+    let path = test_file("disk-probe", size);
+    for buffers in [Buffers::Keep, Buffers::Reused, Buffers::ReusedSmallPages] {
+        let read = match sequential_read(&[path.as_path(), path.as_path()], 128 << 10, 4, buffers) {
+            Ok(read) => read,
+            Err(Error::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+                eprintln!("skipped: the target directory's file system has no direct I/O");
+                return;
+            }
+            Err(Error::Engine(error)) => {
+                eprintln!("skipped: no io_uring here ({error})");
+                return;
+            }
+            Err(error) => panic!("{buffers:?}: {error}"),
+        };
+        assert_eq!(read.bytes, 2 * size, "{buffers:?}");
+    }
+    for (block, depth) in [(0, 4), (1000, 4), (4096, 0), (4096, 5000)] {
+        let error = Probe::prepare(&[path.as_path()], block, depth, Buffers::Keep).unwrap_err();
+        assert!(error.to_string().contains("block"), "{error}");
+    }
+}

@@ -11,13 +11,19 @@
 //!   handing back idle memory (`baselines.md` §8);
 //! * `device`: the ceiling, O_DIRECT sequential reads of the same files at 128 KiB and queue
 //!   depth 32 through io_uring, no cache; the files are read at once, one ring each (the
-//!   depth split between them), as the readers stream them.
+//!   depth split between them), as the readers stream them, into huge-page memory that keeps
+//!   every byte (as a cache must);
+//! * `device/reused`: the same into 128 KiB buffers reused as reads complete (they stay in the
+//!   CPU caches, which this VM's disk, a host copy into guest memory, rewards);
+//! * `device/reused-4k-pages`: reused buffers of 4 KiB pages, one segment per page (what fio's
+//!   `malloc`ed buffers get, and what `baselines.md` §6 measured).
 //!
 //! The files hold their own byte offsets, so every record a system returns is checked.
 //! A second case runs the cache with a quarter of the data set as capacity (eviction on).
 
 use super::BenchArgs;
 use super::report::{Figure, Plot, Ratio, Report, interleaved};
+use foliocache::io::probe::{Buffers, Probe};
 use foliocache::{Cache, InsertPolicy};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -28,11 +34,13 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 const RECORD: usize = 8192;
-const SYSTEMS: [&str; 4] = [
+const SYSTEMS: [&str; 6] = [
     "foliocache/batched",
     "foliocache/single",
     "kernel",
     "device",
+    "device/reused",
+    "device/reused-4k-pages",
 ];
 
 struct Sizes {
@@ -283,7 +291,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "dir": dir.display().to_string(),
         }),
     );
-    let steps = threads_list.len() * (SYSTEMS.len() + 3) * (reps + 1);
+    let steps = threads_list.len() * (SYSTEMS.len() + 2) * reps;
     let bar = ProgressBar::new(steps as u64).with_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
@@ -335,7 +343,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 .map_err(|e| e.to_string())?;
             // The over-capacity case compares the two insertion policies under eviction; the
             // kernel and the device have no such limit and are measured in the first case.
-            let systems = if over { 2 } else { 4 };
+            let systems = if over { 2 } else { SYSTEMS.len() };
             let mut latencies: Vec<Vec<[f64; 3]>> = vec![Vec::new(); systems];
             let mut rates: Vec<Vec<f64>> = vec![Vec::new(); systems];
             let mut windows = [(0u64, 0u64); 2];
@@ -380,7 +388,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         })?
                     }
                     _ => {
-                        let rate = device_read(paths)?;
+                        let buffers = match which {
+                            3 => Buffers::Keep,
+                            4 => Buffers::Reused,
+                            _ => Buffers::ReusedSmallPages,
+                        };
+                        let rate = device_read(paths, buffers)?;
                         rates[which].push(rate);
                         return Ok(rate / RECORD as f64);
                     }
@@ -401,7 +414,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 report
                     .results
                     .push(Figure::new(&case, system, "MiB/s", &mibs, busy));
-                if which == 3 {
+                if which >= 3 {
                     continue;
                 }
                 report
@@ -442,6 +455,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[2]);
                 report.ratio(&case, "MiB/s", SYSTEMS[0], SYSTEMS[3]);
                 report.ratio(&case, "MiB/s", SYSTEMS[2], SYSTEMS[3]);
+                report.ratio(&case, "MiB/s", SYSTEMS[4], SYSTEMS[3]);
+                report.ratio(&case, "MiB/s", SYSTEMS[4], SYSTEMS[5]);
             }
             let mut per_case = serde_json::Map::new();
             for (k, name) in ["batched", "single"].into_iter().enumerate() {
@@ -479,7 +494,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
          the path seed 000 batches); requests of at most {} KiB. The kernel side uses this \
          disk's own read_ahead_kb ({}), which is also foliocache's window unless --ra-kb says \
          otherwise. The over-capacity case gives the cache a quarter of the data \
-         set: eviction runs all along.",
+         set: eviction runs all along. device reads into huge-page memory that keeps every \
+         byte (the ceiling for a cache); device/reused into a few reused buffers that stay in \
+         the CPU caches (no cache can read that way); device/reused-4k-pages the same in 4 KiB \
+         pages, one segment per page.",
         sizes.ra_bytes >> 10,
         sizes.request_bytes >> 10,
         kernel_ra_kb.map_or_else(|| "unknown".to_string(), |kb| format!("{kb} KiB"))
@@ -530,30 +548,39 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
 }
 
 /// The device ceiling: every file read at once, one thread and ring per file, 128 KiB O_DIRECT
-/// requests, queue depth 32 in all (split between the files), as the readers stream them.
-fn device_read(paths: &[PathBuf]) -> Result<f64, String> {
+/// requests, queue depth 32 in all (split between the files), as the readers stream them. The
+/// buffers are mapped and faulted in before the threads start together.
+fn device_read(paths: &[PathBuf], buffers: Buffers) -> Result<f64, String> {
     let depth = (32 / paths.len()).max(1);
-    let start = Instant::now();
-    let bytes = std::thread::scope(|s| {
+    let start_line = std::sync::Barrier::new(paths.len() + 1);
+    let (bytes, elapsed) = std::thread::scope(|s| {
         let workers: Vec<_> = paths
             .iter()
             .map(|path| {
+                let start_line = &start_line;
                 s.spawn(move || {
-                    foliocache::io::probe::sequential_read(&[path.as_path()], 128 << 10, depth)
+                    let probe = Probe::prepare(&[path.as_path()], 128 << 10, depth, buffers);
+                    // Wait even on failure, so the others are not left at the line.
+                    start_line.wait();
+                    probe
+                        .and_then(Probe::run)
                         .map(|read| read.bytes)
                         .map_err(|e| e.to_string())
                 })
             })
             .collect();
-        workers
+        start_line.wait();
+        let start = Instant::now();
+        let bytes = workers
             .into_iter()
             .map(|w| {
                 w.join()
                     .unwrap_or_else(|_| Err("a device reader panicked".into()))
             })
-            .sum::<Result<u64, String>>()
-    })?;
-    Ok(bytes as f64 / start.elapsed().as_secs_f64())
+            .sum::<Result<u64, String>>();
+        (bytes, start.elapsed())
+    });
+    Ok(bytes? as f64 / elapsed.as_secs_f64())
 }
 
 fn build_cache(capacity: u64, ra_bytes: u64, request_bytes: usize) -> Result<Cache, String> {
