@@ -3,8 +3,12 @@
 //! T threads (default 2), each reading its own file on disk sequentially in 8 KiB records,
 //! from a cold cache every repetition. Systems, interleaved in every repetition:
 //! * `foliocache/batched` and `foliocache/single`: the cache with batched insertion (seeds
-//!   000/003) and with the loop before them, O_DIRECT through the cache's I/O engine, cache
-//!   emptied (`drop_cached`) before each repetition;
+//!   000/003) and with the loop before them, in 4 KiB folios (the path seed 000 batches),
+//!   O_DIRECT through the cache's I/O engine, cache emptied (`drop_cached`) before each
+//!   repetition;
+//! * `foliocache/large-folios`: batched insertion with the folio-order ramp up to 2 MiB folios
+//!   (the cache's default), which is what the kernel does on ext4 since 6.16: the like-for-like
+//!   comparison with `kernel` there;
 //! * `kernel`: buffered `pread` of the same files, their page cache dropped
 //!   (`POSIX_FADV_DONTNEED`) before each repetition, and memory the size of the data set
 //!   touched and freed right before, so that the kernel is measured and not the hypervisor
@@ -34,13 +38,28 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 const RECORD: usize = 8192;
-const SYSTEMS: [&str; 6] = [
+const SYSTEMS: [&str; 7] = [
     "foliocache/batched",
     "foliocache/single",
+    "foliocache/large-folios",
     "kernel",
     "device",
     "device/reused",
     "device/reused-4k-pages",
+];
+/// Indexes into [`SYSTEMS`].
+const BATCHED: usize = 0;
+const SINGLE: usize = 1;
+const LARGE: usize = 2;
+const KERNEL: usize = 3;
+const DEVICE: usize = 4;
+const REUSED: usize = 5;
+const REUSED_4K: usize = 6;
+/// The foliocache systems: (insertion policy, largest folio order, name in the counters).
+const FOLIOCACHE: [(InsertPolicy, Option<u8>, &str); 3] = [
+    (InsertPolicy::Batched, Some(0), "batched"),
+    (InsertPolicy::Single, Some(0), "single"),
+    (InsertPolicy::Batched, None, "large-folios"),
 ];
 
 struct Sizes {
@@ -287,7 +306,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "readahead_max_bytes": sizes.ra_bytes,
             "kernel_read_ahead_kb": kernel_ra_kb,
             "request_bytes": sizes.request_bytes,
-            "folio_order": 0,
+            "folio_order": "0 (batched, single); ramp up to 9 (large-folios)",
+            "kernel_release": std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|r| r.trim().to_string())
+                .ok(),
             "dir": dir.display().to_string(),
         }),
     );
@@ -311,20 +333,21 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             };
             bar.set_message(case.clone());
             let capacity = if over { data / 4 } else { data + (64 << 20) };
-            // One cache for both policies: two files per path, each with its insertion
-            // policy, on the same memory. (Two caches built one after the other gave the
-            // first-built one 20-30% less throughput with the very same policy: this VM's
-            // memory is not uniformly fast.)
+            // One cache for every foliocache system: a file per path and system, each with its
+            // insertion policy and folio sizes, on the same memory. (Two caches built one after
+            // the other gave the first-built one 20-30% less throughput with the very same
+            // policy: this VM's memory is not uniformly fast.)
             let cache = build_cache(capacity, sizes.ra_bytes, sizes.request_bytes)?;
-            let opened: Vec<Vec<foliocache::File>> = [InsertPolicy::Batched, InsertPolicy::Single]
+            let opened: Vec<Vec<foliocache::File>> = FOLIOCACHE
                 .iter()
-                .map(|&insert| {
+                .map(|&(insert, max_order, _)| {
                     paths
                         .iter()
                         .map(|p| {
-                            let options = foliocache::OpenOptions::new()
-                                .max_order(0)
-                                .insert_policy(insert);
+                            let mut options = foliocache::OpenOptions::new().insert_policy(insert);
+                            if let Some(order) = max_order {
+                                options = options.max_order(order);
+                            }
                             cache.open_with(p, options)
                         })
                         .collect::<Result<Vec<_>, _>>()
@@ -343,14 +366,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 .map_err(|e| e.to_string())?;
             // The over-capacity case compares the two insertion policies under eviction; the
             // kernel and the device have no such limit and are measured in the first case.
-            let systems = if over { 2 } else { SYSTEMS.len() };
+            let systems = if over { SINGLE + 1 } else { SYSTEMS.len() };
             let mut latencies: Vec<Vec<[f64; 3]>> = vec![Vec::new(); systems];
             let mut rates: Vec<Vec<f64>> = vec![Vec::new(); systems];
-            let mut windows = [(0u64, 0u64); 2];
+            let mut windows = [(0u64, 0u64); FOLIOCACHE.len()];
             let (samples, busy) = interleaved(reps, systems, &bar, |which| {
                 settle();
                 let done = match which {
-                    0 | 1 => {
+                    BATCHED | SINGLE | LARGE => {
                         let files = &opened[which];
                         for file in opened.iter().flatten() {
                             file.drop_cached(0, 0);
@@ -378,7 +401,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         windows[which].1 += win1 - win0;
                         done
                     }
-                    2 => {
+                    KERNEL => {
                         drop_kernel_cache(paths)?;
                         // Touch and free memory the size of the data set, so the kernel's fill
                         // finds host-resident memory (`baselines.md` §8).
@@ -389,8 +412,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     }
                     _ => {
                         let buffers = match which {
-                            3 => Buffers::Keep,
-                            4 => Buffers::Reused,
+                            DEVICE => Buffers::Keep,
+                            REUSED => Buffers::Reused,
                             _ => Buffers::ReusedSmallPages,
                         };
                         let rate = device_read(paths, buffers)?;
@@ -414,7 +437,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 report
                     .results
                     .push(Figure::new(&case, system, "MiB/s", &mibs, busy));
-                if which >= 3 {
+                if which >= DEVICE {
                     continue;
                 }
                 report
@@ -446,20 +469,28 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     ratio: r[r.len() / 2],
                 });
             };
-            paired(0, 1);
+            paired(BATCHED, SINGLE);
             if !over {
-                paired(0, 2);
+                paired(BATCHED, KERNEL);
+                paired(LARGE, KERNEL);
             }
-            report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[1]);
+            report.ratio(&case, "ops/s", SYSTEMS[BATCHED], SYSTEMS[SINGLE]);
             if !over {
-                report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[2]);
-                report.ratio(&case, "MiB/s", SYSTEMS[0], SYSTEMS[3]);
-                report.ratio(&case, "MiB/s", SYSTEMS[2], SYSTEMS[3]);
-                report.ratio(&case, "MiB/s", SYSTEMS[4], SYSTEMS[3]);
-                report.ratio(&case, "MiB/s", SYSTEMS[4], SYSTEMS[5]);
+                for (a, b) in [(BATCHED, KERNEL), (LARGE, KERNEL)] {
+                    report.ratio(&case, "ops/s", SYSTEMS[a], SYSTEMS[b]);
+                }
+                for (a, b) in [
+                    (BATCHED, DEVICE),
+                    (LARGE, DEVICE),
+                    (KERNEL, DEVICE),
+                    (REUSED, DEVICE),
+                    (REUSED, REUSED_4K),
+                ] {
+                    report.ratio(&case, "MiB/s", SYSTEMS[a], SYSTEMS[b]);
+                }
             }
             let mut per_case = serde_json::Map::new();
-            for (k, name) in ["batched", "single"].into_iter().enumerate() {
+            for (k, &(_, _, name)) in FOLIOCACHE.iter().enumerate().take(systems) {
                 let ra = opened[k]
                     .iter()
                     .map(foliocache::File::readahead_stats)
@@ -480,7 +511,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 );
             }
             per_case.insert(
-                "reclaim (both)".into(),
+                "reclaim (all)".into(),
                 json!(format!("{:?}", cache.reclaim_stats())),
             );
             counters.insert(case.clone(), serde_json::Value::Object(per_case));
@@ -490,8 +521,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     drop(files);
     report.counters = serde_json::Value::Object(counters);
     report.notes.push(format!(
-        "Readahead: at most {} KiB per window, 4 KiB folios (a mapping without large folios, \
-         the path seed 000 batches); requests of at most {} KiB. The kernel side uses this \
+        "Readahead: at most {} KiB per window; batched and single read in 4 KiB folios (a \
+         mapping without large folios, the path seed 000 batches), large-folios ramps the folio \
+         order up to 2 MiB as the kernel does on ext4 since 6.16 (so large-folios / kernel is \
+         the like-for-like ratio there); requests of at most {} KiB. The kernel side uses this \
          disk's own read_ahead_kb ({}), which is also foliocache's window unless --ra-kb says \
          otherwise. The over-capacity case gives the cache a quarter of the data \
          set: eviction runs all along. device reads into huge-page memory that keeps every \
