@@ -2,8 +2,8 @@
 //! (each thread reads its share of the files with its own ring) into memory that keeps every
 //! byte, or with `FOLIOCACHE_PROBE_BUFFERS=reused` or `reused-4k` into reused buffers (see
 //! `foliocache::io::probe::Buffers`). Buffers are faulted in before the threads start together.
-use foliocache::io::probe::{Buffers, Probe};
-use std::path::PathBuf;
+use foliocache::io::probe::{Buffers, concurrent_read};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 const USAGE: &str = "usage: device_probe BLOCK_KIB DEPTH THREADS FILE...";
@@ -47,37 +47,19 @@ fn run() -> Result<String, String> {
             ));
         }
     };
-    let start_line = std::sync::Barrier::new(threads + 1);
-    let (bytes, elapsed) = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let mine: Vec<&std::path::Path> = files
-                    .iter()
-                    .skip(t)
-                    .step_by(threads)
-                    .map(PathBuf::as_path)
-                    .collect();
-                let start_line = &start_line;
-                s.spawn(move || {
-                    let probe = Probe::prepare(&mine, block, depth, buffers);
-                    start_line.wait();
-                    probe
-                        .and_then(Probe::run)
-                        .map(|read| read.bytes)
-                        .map_err(|e| e.to_string())
-                })
-            })
-            .collect();
-        start_line.wait();
-        let start = std::time::Instant::now();
-        let bytes = handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a reader panicked".into())))
-            .sum::<Result<u64, String>>();
-        (bytes, start.elapsed())
-    });
+    let groups: Vec<Vec<&Path>> = (0..threads.min(files.len()))
+        .map(|t| {
+            files
+                .iter()
+                .skip(t)
+                .step_by(threads)
+                .map(PathBuf::as_path)
+                .collect()
+        })
+        .collect();
+    let read = concurrent_read(&groups, block, depth, buffers).map_err(|e| e.to_string())?;
     Ok(format!(
         "{:.0} MiB/s",
-        bytes? as f64 / elapsed.as_secs_f64() / f64::from(1 << 20)
+        read.bytes as f64 / read.elapsed.as_secs_f64() / f64::from(1 << 20)
     ))
 }

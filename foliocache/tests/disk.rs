@@ -111,7 +111,7 @@ fn opening_a_missing_file_or_a_directory_is_a_clear_error() {
 
 #[test]
 fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
-    use foliocache::io::probe::{Buffers, Probe, sequential_read};
+    use foliocache::io::probe::{Buffers, Probe, concurrent_read, sequential_read};
     // Not a multiple of the block: the last read is short (O_DIRECT stops at end of file).
     let size = 5 * (128 << 10) + 3 * 4096;
     let path = test_file("disk-probe", size);
@@ -129,6 +129,9 @@ fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
             Err(error) => panic!("{buffers:?}: {error}"),
         };
         assert_eq!(read.bytes, 2 * size, "{buffers:?}");
+        let groups = vec![vec![path.as_path()], vec![path.as_path()]];
+        let together = concurrent_read(&groups, 128 << 10, 2, buffers).unwrap();
+        assert_eq!(together.bytes, 2 * size, "{buffers:?}, two threads");
     }
     for (block, depth) in [(0, 4), (1000, 4), (4096, 0), (4096, 5000)] {
         let error = Probe::prepare(&[path.as_path()], block, depth, Buffers::Keep).unwrap_err();

@@ -27,7 +27,7 @@
 
 use super::BenchArgs;
 use super::report::{Figure, Plot, Ratio, Report, interleaved};
-use foliocache::io::probe::{Buffers, Probe};
+use foliocache::io::probe::{Buffers, concurrent_read};
 use foliocache::{Cache, InsertPolicy};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -585,35 +585,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
 /// buffers are mapped and faulted in before the threads start together.
 fn device_read(paths: &[PathBuf], buffers: Buffers) -> Result<f64, String> {
     let depth = (32 / paths.len()).max(1);
-    let start_line = std::sync::Barrier::new(paths.len() + 1);
-    let (bytes, elapsed) = std::thread::scope(|s| {
-        let workers: Vec<_> = paths
-            .iter()
-            .map(|path| {
-                let start_line = &start_line;
-                s.spawn(move || {
-                    let probe = Probe::prepare(&[path.as_path()], 128 << 10, depth, buffers);
-                    // Wait even on failure, so the others are not left at the line.
-                    start_line.wait();
-                    probe
-                        .and_then(Probe::run)
-                        .map(|read| read.bytes)
-                        .map_err(|e| e.to_string())
-                })
-            })
-            .collect();
-        start_line.wait();
-        let start = Instant::now();
-        let bytes = workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err("a device reader panicked".into()))
-            })
-            .sum::<Result<u64, String>>();
-        (bytes, start.elapsed())
-    });
-    Ok(bytes? as f64 / elapsed.as_secs_f64())
+    let groups: Vec<Vec<&Path>> = paths.iter().map(|p| vec![p.as_path()]).collect();
+    let read = concurrent_read(&groups, 128 << 10, depth, buffers).map_err(|e| e.to_string())?;
+    Ok(read.bytes as f64 / read.elapsed.as_secs_f64())
 }
 
 fn build_cache(capacity: u64, ra_bytes: u64, request_bytes: usize) -> Result<Cache, String> {

@@ -55,8 +55,53 @@ pub fn sequential_read(
     Probe::prepare(paths, block, depth, buffers)?.run()
 }
 
-/// A device read made ready (files open, buffers faulted in, ring set up), so that several
-/// threads can prepare theirs and then start together.
+/// Reads each group of files at once, one thread and ring per group (each as
+/// [`sequential_read`] does), every thread's buffers faulted in before they all start. The
+/// time is the wall time from the common start to the last thread's end; the bytes are the
+/// sum.
+pub fn concurrent_read(
+    groups: &[Vec<&Path>],
+    block: usize,
+    depth: usize,
+    buffers: Buffers,
+) -> Result<DeviceRead, Error> {
+    let start_line = std::sync::Barrier::new(groups.len() + 1);
+    let (bytes, elapsed) = std::thread::scope(|s| {
+        let workers: Vec<_> = groups
+            .iter()
+            .map(|paths| {
+                let start_line = &start_line;
+                s.spawn(move || {
+                    let probe = Probe::prepare(paths, block, depth, buffers);
+                    // Wait even on failure, so the others are not left at the line.
+                    start_line.wait();
+                    probe.and_then(Probe::run).map(|read| read.bytes)
+                })
+            })
+            .collect();
+        start_line.wait();
+        let start = Instant::now();
+        let bytes = workers
+            .into_iter()
+            .map(|w| {
+                w.join().unwrap_or_else(|_| {
+                    Err(Error::Engine(std::io::Error::other(
+                        "a device reader panicked",
+                    )))
+                })
+            })
+            .sum::<Result<u64, Error>>();
+        (bytes, start.elapsed())
+    });
+    Ok(DeviceRead {
+        bytes: bytes?,
+        elapsed,
+    })
+}
+
+/// A device read made ready (files open, buffers faulted in), so that several threads can
+/// prepare theirs and then start together ([`concurrent_read`]).
+#[derive(Debug)]
 pub struct Probe {
     files: Vec<(std::fs::File, u64)>,
     block: usize,
@@ -65,17 +110,6 @@ pub struct Probe {
     /// The buffers: `chunks` of `block` bytes.
     backing: Arena,
     chunks: usize,
-}
-
-impl std::fmt::Debug for Probe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Probe")
-            .field("files", &self.files.len())
-            .field("block", &self.block)
-            .field("depth", &self.depth)
-            .field("keep", &self.keep)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Probe {
