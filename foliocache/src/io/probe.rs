@@ -4,7 +4,7 @@
 //! Where the bytes land matters as much as the request shape ([`Buffers`]). On this machine's
 //! virtual disk, 128 KiB requests at depth 32 (two files at once) got about 1.3 GiB/s into
 //! reused buffers of 4 KiB pages (each page a segment), 3.2 GiB/s into reused huge-page
-//! buffers (one segment each, and so few bytes that they stay in the CPU caches) and 2.4 GiB/s
+//! buffers (one segment each, and so few bytes that they stay in the CPU caches) and 2.4-2.8 GiB/s
 //! into huge-page memory that keeps every byte, which is what a cache must do.
 
 use crate::error::Error;
