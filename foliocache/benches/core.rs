@@ -6,8 +6,9 @@
 //! `cargo bench -p foliocache --bench core` (add `-- --quick` for a shorter run).
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use foliocache::mem::refcount::RefCount;
-use foliocache::{Backend, Cache, FolioRef, InsertPolicy, Policy, ReadRequest, RefcountPolicy};
+use foliocache::raw::refcount::RefCount;
+use foliocache::raw::{self, LockedFolio, NewFolio};
+use foliocache::{Backend, Cache, InsertPolicy, Policy, ReadRequest, RefcountPolicy};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,9 +29,13 @@ fn lookup_hit(c: &mut Criterion) {
             })
             .build()
             .unwrap();
-        let file = cache.new_mapping();
-        let folios: Vec<_> = (0..4096).map(|_| cache.alloc_folio(0).unwrap()).collect();
-        file.add_folio_range(0, &folios).unwrap();
+        let file = raw::new_mapping(&cache);
+        let folios: Vec<_> = (0..4096)
+            .map(|_| raw::alloc_folio(&cache, 0).unwrap())
+            .collect();
+        for locked in file.add_folio_range(0, folios).unwrap().inserted {
+            locked.end_read(true);
+        }
         let mut i = 0u64;
         group.bench_function(name, |b| {
             b.iter(|| {
@@ -110,7 +115,7 @@ fn epoch_pin(c: &mut Criterion) {
                 b.iter_custom(|iters| {
                     let work = |n: u64| {
                         for _ in 0..n {
-                            drop(black_box(foliocache::mem::epoch::pin()));
+                            drop(black_box(foliocache::raw::epoch::pin()));
                         }
                     };
                     timed(threads, iters, &work)
@@ -124,12 +129,15 @@ fn epoch_pin(c: &mut Criterion) {
 fn insertion(c: &mut Criterion) {
     const RUN: usize = 32;
     let cache = Cache::builder().capacity(16 << 20).build().unwrap();
-    let fresh =
-        || -> Vec<FolioRef<'_>> { (0..RUN).map(|_| cache.alloc_folio(0).unwrap()).collect() };
+    let fresh = || -> Vec<NewFolio<'_>> {
+        (0..RUN)
+            .map(|_| raw::alloc_folio(&cache, 0).unwrap())
+            .collect()
+    };
     // Lock acquisitions per 32-folio run, printed once.
     for (name, ranged) in [("one-by-one", false), ("insert_range", true)] {
-        let file = cache.new_mapping();
-        insert(&file, &fresh(), ranged);
+        let file = raw::new_mapping(&cache);
+        drop(insert(&file, fresh(), ranged));
         eprintln!(
             "insert {name}: {} lock acquisitions per {RUN}-folio run",
             file.stats().lock_acquisitions
@@ -144,12 +152,12 @@ fn insertion(c: &mut Criterion) {
                     // Fresh folios each time (a folio that was cached cannot go in again);
                     // allocating them and dropping the mapping are not timed.
                     let folios = fresh();
-                    let file = cache.new_mapping();
+                    let file = raw::new_mapping(&cache);
                     let start = Instant::now();
-                    insert(&file, &folios, ranged);
+                    let guards = insert(&file, folios, ranged);
                     total += start.elapsed();
+                    drop(guards);
                     drop(file);
-                    drop(folios);
                 }
                 total
             });
@@ -158,15 +166,25 @@ fn insertion(c: &mut Criterion) {
     group.finish();
 }
 
-fn insert(file: &foliocache::Mapping, folios: &[FolioRef<'_>], ranged: bool) {
-    if ranged {
-        let added = file.add_folio_range(0, folios).unwrap();
-        assert_eq!(added.inserted, folios.len());
+/// Inserts the folios at pages 0.. and returns their lock guards (so that unlocking them is
+/// not timed).
+fn insert<'c>(
+    file: &raw::Mapping,
+    folios: Vec<NewFolio<'c>>,
+    ranged: bool,
+) -> Vec<LockedFolio<'c>> {
+    let count = folios.len();
+    let guards: Vec<_> = if ranged {
+        file.add_folio_range(0, folios).unwrap().inserted
     } else {
-        for (i, f) in folios.iter().enumerate() {
-            file.add_folio(f, i as u64).unwrap();
-        }
-    }
+        folios
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| file.add_folio(f, i as u64).unwrap().0)
+            .collect()
+    };
+    assert_eq!(guards.len(), count);
+    guards
 }
 
 /// A 64-byte read of a cached page: optimistic (no reference) vs referenced (try_get + put).
@@ -234,7 +252,7 @@ fn readahead_fill(c: &mut Criterion) {
                     let start = Instant::now();
                     handle.readahead(0, PAGES * 4096).unwrap();
                     total += start.elapsed();
-                    assert_eq!(file.mapping().stats().cached_pages, PAGES);
+                    assert_eq!(file.mapping_stats().cached_pages, PAGES);
                     // Dropping the file (and freeing its folios) is not timed.
                     drop(handle);
                     drop(file);

@@ -1,8 +1,8 @@
 //! Measures the device: `cargo run --release --example device_probe -- BLOCK_KIB DEPTH THREADS FILE...`
 //! (each thread reads its share of the files with its own ring) into memory that keeps every
 //! byte, or with `FOLIOCACHE_PROBE_BUFFERS=reused` or `reused-4k` into reused buffers (see
-//! `foliocache::io::probe::Buffers`). Buffers are faulted in before the threads start together.
-use foliocache::io::probe::{Buffers, concurrent_read};
+//! `foliocache::raw::probe::Buffers`). Buffers are faulted in before the threads start together.
+use foliocache::raw::probe::{Buffers, concurrent_read};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

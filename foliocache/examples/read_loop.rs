@@ -86,7 +86,7 @@ fn main() {
         pos = if pos + n >= size { 0 } else { pos + n };
     }
     let elapsed = start.elapsed();
-    let stats = file.mapping().stats();
+    let stats = file.mapping_stats();
     println!(
         "{reads} reads, {} index walks, {} lookups, {:.2} GiB/s",
         stats.index_walks,

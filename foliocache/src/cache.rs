@@ -1,84 +1,18 @@
-//! The cache: owns the memory (arena, allocator, folio table) and opens mappings.
+//! The cache: the public front. It builds the shared core (`crate::core`) and opens files.
 
+use crate::core::CacheCore;
 use crate::error::Error;
 use crate::file::File;
-use crate::io::{Backend, DirectFile, Engine, EngineKind, OpenOptions};
+use crate::inode::Inode;
+use crate::io::{Backend, DirectFile, EngineKind, OpenOptions};
 use crate::mapping::Mapping;
-use crate::mem::refcount::RefcountPolicy;
-use crate::mem::{FolioRef, MAX_ORDER, METADATA_BYTES_PER_PAGE, Memory, PAGE_SHIFT, PAGE_SIZE};
+use crate::mem::{MAX_ORDER, METADATA_BYTES_PER_PAGE, Memory, PAGE_SHIFT, PAGE_SIZE};
+use crate::policy::Policy;
 use crate::readahead::DEFAULT_RA_PAGES;
-use crate::reclaim::{Reclaim, ReclaimPolicy, ReclaimStats};
+use crate::reclaim::{Reclaim, ReclaimStats};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-
-/// Runtime choices between each optimisation's "before" and "after" (the default is "after").
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Policy {
-    /// The folio reference-count protocol (seed 002).
-    pub refcount: RefcountPolicy,
-    /// How a read walks the index (seed 004).
-    pub read: ReadPolicy,
-    /// Whether small reads take a reference (beyond seed 002).
-    pub small_read: SmallReadPolicy,
-    /// How readahead inserts a window's folios (seeds 000/003).
-    pub insert: InsertPolicy,
-    /// The folio order of executable regions' fault windows (seed 001): 4 = 64 KiB, the
-    /// default (arm64's choice); 0 = the behaviour before the seed (plain read-around).
-    pub exec_order: u8,
-    /// Which folios eviction picks (active/inactive lists with workingset detection, the
-    /// default; or the same lists without it; or one list, a clock approximating LRU).
-    pub reclaim: ReclaimPolicy,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Self {
-            refcount: RefcountPolicy::default(),
-            read: ReadPolicy::default(),
-            small_read: SmallReadPolicy::default(),
-            insert: InsertPolicy::default(),
-            exec_order: 4,
-            reclaim: ReclaimPolicy::default(),
-        }
-    }
-}
-
-/// How readahead inserts the folios of a window into the index (seeds 000/003).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum InsertPolicy {
-    /// Allocate the window's folios first, then insert each contiguous run under one hold of
-    /// the mapping's lock; one by one when the window cannot be allocated whole. The default.
-    #[default]
-    Batched,
-    /// Before the seed: allocate and insert one folio at a time, one lock hold each.
-    Single,
-}
-
-/// How a small read (at most [`SMALL_READ_MAX`](crate::read::SMALL_READ_MAX) bytes within one
-/// page) gets at the bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum SmallReadPolicy {
-    /// Copy without taking a reference, then validate (the folio's sequence word and its index
-    /// slot) and retry, falling back to `Refcounted` after a few failures. Writes no shared
-    /// cache line, so readers on many cores scale. The default.
-    #[default]
-    Optimistic,
-    /// Take a reference (`try_get`), copy, drop it (`put`): what the kernel does.
-    Refcounted,
-}
-
-/// How the read path walks the index (seed 004).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum ReadPolicy {
-    /// Seed 004: a batch of up to 31 contiguous folios per index walk; holes and folios that
-    /// are not uptodate zero the destination in one run. The default.
-    #[default]
-    Batched,
-    /// Before seed 004 (shmem's old loop): one index walk and one lock/unlock per folio, and
-    /// per 4 KiB page for holes and not-uptodate folios, zeros copied from a zero page.
-    PerFolio,
-}
 
 /// Configures and builds a [`Cache`].
 #[derive(Debug, Clone)]
@@ -221,6 +155,7 @@ impl CacheBuilder {
                 (pages as usize, self.capacity, true)
             }
         };
+        self.policy.validate()?;
         if self.max_order > MAX_ORDER {
             return Err(Error::OrderTooLarge {
                 order: self.max_order,
@@ -238,8 +173,8 @@ impl CacheBuilder {
             mem.prefault().map_err(Error::Prefault)?;
         }
         Ok(Cache {
-            inner: Arc::new(CacheInner {
-                mem,
+            inner: Arc::new(CacheCore {
+                mem: Arc::new(mem),
                 policy: self.policy,
                 capacity,
                 reclaim: Reclaim::new(self.policy.reclaim, pages as u64),
@@ -253,61 +188,12 @@ impl CacheBuilder {
     }
 }
 
-#[derive(Debug)]
-pub(crate) struct CacheInner {
-    pub(crate) mem: Memory,
-    pub(crate) policy: Policy,
-    capacity: u64,
-    pub(crate) reclaim: Reclaim,
-    engine_kind: EngineKind,
-    /// Started on the first file opened from storage.
-    engine: OnceLock<Arc<Engine>>,
-    /// Default maximum readahead window, in pages.
-    pub(crate) ra_pages: u64,
-    /// The device's largest useful request, in pages.
-    pub(crate) io_pages: u64,
-    /// The largest single read readahead submits, in bytes.
-    pub(crate) request_bytes: usize,
-}
-
 /// The smallest budget [`CacheBuilder::capacity`] accepts.
 const MIN_CAPACITY: u64 = 64 << 10;
 
 /// What the budget sets aside for metadata that does not grow with the arena (the allocator's
 /// per-thread caches and free-list heads, the lists' heads, the reserve's own vector).
 const FIXED_METADATA_BYTES: u64 = 16 << 10;
-
-/// Pages one eviction pass tries to free at least (so a stream does not evict page by page).
-const EVICT_BATCH_PAGES: u64 = 64;
-
-impl CacheInner {
-    fn engine(&self) -> Result<Arc<Engine>, Error> {
-        if let Some(engine) = self.engine.get() {
-            return Ok(Arc::clone(engine));
-        }
-        let started = Arc::new(Engine::start(self.engine_kind)?);
-        // Two threads may race to start it: the loser's engine is dropped (it has no work).
-        Ok(Arc::clone(self.engine.get_or_init(|| started)))
-    }
-
-    /// Allocates a folio for readahead or a read, evicting idle folios read from storage when
-    /// the arena is dry.
-    pub(crate) fn alloc_for_readahead(&self, order: u8) -> Result<FolioRef<'_>, Error> {
-        match self.mem.alloc_folio(order) {
-            Err(Error::NoMemory { .. }) => {
-                let want = (1u64 << order).max(EVICT_BATCH_PAGES);
-                if self.reclaim.evict(&self.mem, want) > 0 {
-                    // Evicted folios were published: they come back after a grace period
-                    // (the allocator waits for it briefly).
-                    self.mem.alloc_folio(order)
-                } else {
-                    Err(Error::NoMemory { order })
-                }
-            }
-            other => other,
-        }
-    }
-}
 
 /// Memory statistics of a cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -357,7 +243,7 @@ impl Stats {
 /// A page cache in user space: a bounded arena of folios and the mappings that index them.
 #[derive(Debug, Clone)]
 pub struct Cache {
-    inner: Arc<CacheInner>,
+    inner: Arc<CacheCore>,
 }
 
 static NEXT_MAPPING_ID: AtomicU64 = AtomicU64::new(1);
@@ -374,9 +260,10 @@ impl Cache {
     }
 
     /// Creates a new, empty mapping (one file's index).
-    pub fn new_mapping(&self) -> Mapping {
+    pub(crate) fn new_mapping(&self) -> Mapping {
         Mapping::new(
-            Arc::clone(&self.inner),
+            Arc::clone(&self.inner.mem),
+            Arc::clone(self.inner.reclaim.shadow_count()),
             NEXT_MAPPING_ID.fetch_add(1, Ordering::Relaxed),
         )
     }
@@ -392,7 +279,11 @@ impl Cache {
                 max,
             });
         }
-        Ok(File::new_memory(self, self.new_mapping(), max_order))
+        Ok(File::from_inode(Inode::new_memory(
+            &self.inner,
+            self.new_mapping(),
+            max_order,
+        )))
     }
 
     /// Opens a file from storage for reading through this cache, with O_DIRECT (see
@@ -412,13 +303,13 @@ impl Cache {
         if let Some(insert) = options.insert {
             policy.insert = insert;
         }
-        Ok(File::new_disk(
-            self,
+        Ok(File::from_inode(Inode::new_disk(
+            &self.inner,
             self.new_mapping(),
             max_order,
             policy,
             Arc::new(backend),
-        ))
+        )))
     }
 
     /// Opens a file whose bytes come from `backend` (a custom source: a test double, a remote
@@ -429,13 +320,13 @@ impl Cache {
         max_order: Option<u8>,
     ) -> Result<File, Error> {
         let max_order = self.checked_order(max_order)?;
-        Ok(File::new_disk(
-            self,
+        Ok(File::from_inode(Inode::new_disk(
+            &self.inner,
             self.new_mapping(),
             max_order,
             self.inner.policy,
             backend,
-        ))
+        )))
     }
 
     fn checked_order(&self, order: Option<u8>) -> Result<u8, Error> {
@@ -464,15 +355,8 @@ impl Cache {
         self.inner.reclaim.evict(&self.inner.mem, pages)
     }
 
-    pub(crate) fn inner(&self) -> &Arc<CacheInner> {
+    pub(crate) fn core(&self) -> &Arc<CacheCore> {
         &self.inner
-    }
-
-    /// Allocates a private folio of `2^order` pages. When no block of that order is free it
-    /// fails with [`Error::NoMemory`] and the caller falls back; it waits (at most 20 ms) only
-    /// when freed memory is still waiting for a grace period (see `Stats::pending_free_pages`).
-    pub fn alloc_folio(&self, order: u8) -> Result<FolioRef<'_>, Error> {
-        self.inner.mem.alloc_folio(order)
     }
 
     /// Memory statistics.
@@ -493,17 +377,5 @@ impl Cache {
             max_order: mem.max_order,
             zone_lock_acquisitions: mem.zone_lock_count(),
         }
-    }
-
-    /// Completes pending grace periods (as far as running readers allow) and returns pages
-    /// idling in per-thread allocation caches to the shared free lists.
-    pub fn drain_cpu_caches(&self) {
-        self.inner.mem.drain_caches();
-    }
-
-    /// The number of free blocks of each order in the shared free lists (per-thread caches not
-    /// included: call [`drain_cpu_caches`](Self::drain_cpu_caches) first for a full picture).
-    pub fn free_blocks_by_order(&self) -> Vec<usize> {
-        self.inner.mem.free_blocks_by_order()
     }
 }

@@ -25,7 +25,8 @@
 //! tables here to map neighbours into).
 
 use crate::error::Error;
-use crate::file::{File, FileInner};
+use crate::file::File;
+use crate::inode::Inode;
 use crate::mem::{FolioRef, PAGE_SHIFT, flag};
 use crate::read;
 use crate::readahead::{self, Fill, RaState};
@@ -85,7 +86,7 @@ impl File {
             first: offset >> PAGE_SHIFT,
             end: end.div_ceil(1 << PAGE_SHIFT),
             hint,
-            ra: RaState::new(self.inner.cache_inner.ra_pages),
+            ra: RaState::new(self.inner.core.ra_pages),
             mmap_miss: 0,
         })
     }
@@ -186,12 +187,12 @@ struct FaultState<'a> {
 
 impl FaultState<'_> {
     /// Whether misses read exec windows (seed 001) rather than around the fault.
-    fn exec_window(&self, file: &FileInner) -> bool {
+    fn exec_window(&self, file: &Inode) -> bool {
         self.hint == RegionHint::Exec && file.policy.exec_order > 0
     }
 
     /// `do_sync_mmap_readahead` (see the module comment).
-    fn sync_readahead(&mut self, file: &Arc<FileInner>, index: u64) {
+    fn sync_readahead(&mut self, file: &Arc<Inode>, index: u64) {
         let Some(disk) = file.disk() else { return };
         let ra_pages = self.ra.ra_pages;
         let exec_order = file.policy.exec_order;
@@ -230,7 +231,7 @@ impl FaultState<'_> {
     }
 
     /// `do_async_mmap_readahead` (see the module comment).
-    fn async_readahead(&mut self, file: &Arc<FileInner>, folio: &FolioRef<'_>) {
+    fn async_readahead(&mut self, file: &Arc<Inode>, folio: &FolioRef<'_>) {
         if self.hint == RegionHint::Random || self.ra.ra_pages == 0 {
             return;
         }

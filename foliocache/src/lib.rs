@@ -1,22 +1,40 @@
-//! foliocache: the Linux page-cache read path, in user space.
+//! foliocache: the Linux page cache, in user space.
 //!
-//! A bounded arena of naturally aligned *folios* (`mem`), an xarray-like *index* per file with
-//! lock-free lookups (`index`), and per-file *mappings* that pair them with the kernel's
-//! speculative-reference protocol (`mapping`). Each optimisation from the four seed series keeps
-//! its "before" variant as a runtime [`Policy`].
+//! A bounded arena of naturally aligned *folios*, an xarray-like *index* per file with
+//! lock-free lookups, the kernel's speculative-reference protocol, its readahead, reclaim and
+//! workingset detection, for programs that read files with O_DIRECT (or keep data only in
+//! memory) and want a private, bounded, observable cache with no syscall on a hit. Each
+//! optimisation from the four seed series keeps its "before" variant as a runtime [`Policy`].
+//!
+//! ```no_run
+//! use foliocache::{Advice, Cache};
+//!
+//! let cache = Cache::builder().capacity(256 << 20).build()?;
+//! let file = cache.open("/var/lib/data/table.sst")?; // O_DIRECT underneath
+//! let mut reader = file.handle(); // one reader's readahead state
+//! reader.advise(Advice::Sequential)?;
+//! let mut buf = vec![0u8; 8192];
+//! let n = reader.read_at(&mut buf, 0)?; // a miss reads ahead; later reads hit
+//! # let _ = n;
+//! # Ok::<(), foliocache::Error>(())
+//! ```
+//!
+//! Memory files keep their bytes only in the cache, like tmpfs:
 //!
 //! ```
 //! use foliocache::Cache;
 //!
 //! let cache = Cache::builder().capacity(1 << 20).build()?;
-//! let file = cache.new_mapping();
-//! let folio = cache.alloc_folio(2)?; // 16 KiB
-//! file.add_folio(&folio, 4)?; // pages 4..8
-//! folio.end_read(true); // filled: uptodate, unlocked
-//! let found = file.lookup(6).expect("cached");
-//! assert_eq!(found.id(), folio.id());
+//! let file = cache.create_memory_file(0)?;
+//! file.write_at(b"hello", 4096)?;
+//! let mut buf = [0u8; 5];
+//! assert_eq!(file.read_at(&mut buf, 4096)?, 5);
+//! assert_eq!(&buf, b"hello");
 //! # Ok::<(), foliocache::Error>(())
 //! ```
+//!
+//! The machinery underneath (mappings, the index, folio locks, the device probe, fault
+//! injection) is in [`raw`], for benchmarks, tests and tools.
 
 #![deny(missing_docs)]
 
@@ -24,25 +42,37 @@
 compile_error!("foliocache needs a 64-bit target");
 
 mod cache;
+mod core;
 mod error;
-pub mod fault;
-pub mod file;
-pub mod index;
-pub mod io;
-pub mod mapping;
-pub mod mem;
-pub mod read;
-pub mod readahead;
-pub mod reclaim;
+mod fault;
+mod file;
+mod index;
+mod inject;
+mod inode;
+mod io;
+mod mapping;
+mod mem;
+mod memfile;
+mod policy;
+pub mod raw;
+mod read;
+mod readahead;
+mod reclaim;
+mod stats;
 mod sync;
 
-pub use cache::{Cache, CacheBuilder, InsertPolicy, Policy, ReadPolicy, SmallReadPolicy, Stats};
+pub use cache::{Cache, CacheBuilder, Stats};
 pub use error::Error;
 pub use fault::{Fault, Region, RegionHint};
 pub use file::{Advice, CachedRange, File, Handle, PageState};
 pub use io::{Backend, EngineKind, IoMode, IoStats, OpenOptions, ReadRequest};
-pub use mapping::{FolioBatch, Mapping, MappingStats, MappingView};
-pub use mem::refcount::RefcountPolicy;
-pub use mem::{FolioRef, MAX_ORDER, PAGE_SIZE, flag};
-pub use readahead::{RaState, RaStats};
+pub use mapping::MappingStats;
+pub use mem::{FolioRef, MAX_ORDER, PAGE_SIZE};
+pub use memfile::MAX_FILE_SIZE;
+pub use policy::{
+    InsertPolicy, Policy, ReadPolicy, ReclaimPolicy, RefcountPolicy, SmallReadPolicy,
+};
+pub use read::{ReadRun, SMALL_READ_MAX, Slice};
+pub use readahead::RaState;
 pub use reclaim::ReclaimStats;
+pub use stats::RaStats;

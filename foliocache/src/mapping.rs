@@ -20,10 +20,9 @@
 //! Truncation does not freeze: it unhooks folios and drops the cache's reference; readers that
 //! already hold a reference keep the folio (and its bytes) alive until they drop it.
 
-use crate::cache::CacheInner;
 use crate::error::Error;
 use crate::index::{Entry, Index, IndexView, IndexWriter, MAX_VALUE, RangeStop};
-use crate::mem::{FolioRef, Memory, PAGE_SHIFT, flag};
+use crate::mem::{FolioRef, LockedFolio, Memory, NewFolio, PAGE_SHIFT, flag};
 use crate::sync::Ordering;
 use crate::sync::unmodelled::{
     AtomicU64 as StatU64, Counter, Ordering as StatOrdering, ShardedCounter,
@@ -147,11 +146,12 @@ pub enum RemoveError<'m> {
 }
 
 /// The result of [`Mapping::add_folio_range`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RangeAdd {
-    /// How many folios (a prefix of the run) went in; the caller still holds its references
-    /// on all of them.
-    pub inserted: usize,
+#[derive(Debug)]
+pub struct RangeAdd<'f> {
+    /// The folios that went in (a prefix of the run), locked: their guards.
+    pub inserted: Vec<LockedFolio<'f>>,
+    /// The folios that did not go in, still private.
+    pub rest: Vec<NewFolio<'f>>,
     /// What stopped the run early, if anything.
     pub stopped: Option<RangeStop>,
     /// The shadow value each inserted folio replaced, if any.
@@ -201,27 +201,54 @@ pub struct Mapping {
     size: StatU64,
     cached_pages: StatU64,
     counters: Counters,
-    cache: Arc<CacheInner>,
+    mem: Arc<Memory>,
+    /// The cache's count of shadow entries (reclaim's), kept in step as this index drops them.
+    shadows: Arc<ShadowCount>,
+}
+
+/// How many shadow entries a cache's indexes hold (approximately: see `ReclaimStats`). Owned by
+/// reclaim, which adds to it; mappings subtract as shadows leave their index.
+#[derive(Debug, Default)]
+pub(crate) struct ShadowCount(StatU64);
+
+impl ShadowCount {
+    pub(crate) fn add(&self, n: u64) {
+        self.0.fetch_add(n, StatOrdering::Relaxed);
+    }
+
+    /// Shadow entries left an index (consumed by a refault, or removed with their range).
+    pub(crate) fn gone(&self, n: u64) {
+        let _ = self
+            .0
+            .fetch_update(StatOrdering::Relaxed, StatOrdering::Relaxed, |s| {
+                Some(s.saturating_sub(n))
+            });
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(StatOrdering::Relaxed)
+    }
+
+    pub(crate) fn set(&self, n: u64) {
+        self.0.store(n, StatOrdering::Relaxed);
+    }
 }
 
 impl Mapping {
-    pub(crate) fn new(cache: Arc<CacheInner>, id: u64) -> Self {
+    pub(crate) fn new(mem: Arc<Memory>, shadows: Arc<ShadowCount>, id: u64) -> Self {
         Self {
             id,
-            index: Index::with_meter(usize::MAX, Arc::clone(&cache.mem.nodes)),
+            index: Index::with_meter(usize::MAX, Arc::clone(&mem.nodes)),
             size: StatU64::new(0),
             cached_pages: StatU64::new(0),
             counters: Counters::default(),
-            cache,
+            mem,
+            shadows,
         }
     }
 
-    fn mem(&self) -> &Memory {
-        &self.cache.mem
-    }
-
-    pub(crate) fn cache(&self) -> &CacheInner {
-        &self.cache
+    pub(crate) fn mem(&self) -> &Memory {
+        &self.mem
     }
 
     /// This mapping's id (unique within the process, never 0).
@@ -406,9 +433,10 @@ impl Mapping {
         self.counters.index_walks.add(cursor.walks());
     }
 
-    /// Checks that `folio` can be inserted and prepares its descriptor (outside the lock):
+    /// Prepares a private folio's descriptor for insertion at `index` (outside the lock):
     /// claims it for this mapping, takes its lock and the page cache's own reference.
-    fn prepare(&self, folio: &FolioRef<'_>, index: u64, zeros: Zeros) -> Result<Entry, Error> {
+    fn prepare(&self, folio: &NewFolio<'_>, index: u64, zeros: Zeros) -> Result<Entry, Error> {
+        let folio = folio.as_ref();
         if !std::ptr::eq(folio.mem, self.mem()) {
             return Err(Error::ForeignFolio);
         }
@@ -417,51 +445,19 @@ impl Mapping {
             return Err(Error::Misaligned { index, order });
         }
         let desc = folio.desc();
-        let policy = self.mem().policy;
-        if desc.refcount.count(policy) == 1
-            && desc.mapping.load(Ordering::Relaxed) == 0
-            && desc.flags.load(Ordering::Relaxed) & (flag::PUBLISHED | flag::LOCKED) == 0
-        {
-            // The fast path, for a private folio (fresh from the allocator, as readahead's
-            // are): the caller's reference is the only one, so no other thread can hold this
-            // folio legitimately, and nobody else writes its mapping, flags or index (a stale
-            // speculative reader may bump and drop the count, but only reads the rest and then
-            // fails validation: no index slot holds the folio yet). Plain stores then, as the
-            // kernel's `__folio_set_locked`; only the count needs an atomic add.
-            desc.mapping.store(self.id, Ordering::Relaxed);
-            desc.index.store(index, Ordering::Relaxed);
-            let flags = desc.flags.load(Ordering::Relaxed);
-            // Release: whoever finds the folio through the index (acquire) sees the fields.
-            desc.flags
-                .store(flags | flag::LOCKED | flag::PUBLISHED, Ordering::Release);
-            desc.refcount.get();
-            return Ok(Entry::Folio {
-                id: folio.pfn,
-                order,
-                zeros: zeros == Zeros::Yes,
-            });
-        }
-        // A compare-exchange, so two holders of the same folio racing to insert it (here or in
-        // another mapping) cannot both claim it.
-        if let Err(mapping) =
-            desc.mapping
-                .compare_exchange(0, self.id, Ordering::AcqRel, Ordering::Acquire)
-        {
-            return Err(Error::FolioInUse { mapping });
-        }
-        if desc.flags.load(Ordering::Acquire) & flag::PUBLISHED != 0 {
-            // It was in a mapping before (truncated or replaced since, still referenced). Other
-            // holders rely on its identity (index) staying put, and optimistic readers on its
-            // memory not being reused early: it cannot go in again.
-            desc.mapping.store(0, Ordering::Release);
-            return Err(Error::FolioWasCached);
-        }
-        if !folio.try_lock() {
-            desc.mapping.store(0, Ordering::Release);
-            return Err(Error::FolioLocked);
-        }
-        desc.flags.fetch_or(flag::PUBLISHED, Ordering::Relaxed);
+        // A `NewFolio` is private (fresh from the allocator, never in an index), so no other
+        // thread holds this folio legitimately, and nobody else writes its mapping, flags or
+        // index (a stale speculative reader may bump and drop the count, but only reads the
+        // rest and then fails validation: no index slot holds the folio yet). Plain stores
+        // then, as the kernel's `__folio_set_locked`; only the count needs an atomic add.
+        debug_assert_eq!(desc.mapping.load(Ordering::Relaxed), 0);
+        desc.mapping.store(self.id, Ordering::Relaxed);
         desc.index.store(index, Ordering::Relaxed);
+        let flags = desc.flags.load(Ordering::Relaxed);
+        debug_assert_eq!(flags & (flag::PUBLISHED | flag::LOCKED), 0);
+        // Release: whoever finds the folio through the index (acquire) sees the fields.
+        desc.flags
+            .store(flags | flag::LOCKED | flag::PUBLISHED, Ordering::Release);
         desc.refcount.get();
         Ok(Entry::Folio {
             id: folio.pfn,
@@ -470,45 +466,49 @@ impl Mapping {
         })
     }
 
-    /// Undoes `prepare` for a folio that did not go in.
-    fn unprepare(&self, folio: &FolioRef<'_>) {
-        let desc = folio.desc();
+    /// Undoes `prepare` for a folio that did not go in: it is private again.
+    fn unprepare(&self, folio: &NewFolio<'_>) {
+        let desc = folio.as_ref().desc();
         desc.mapping.store(0, Ordering::Release);
-        // It never reached the index (and `prepare` admits only folios never published
-        // before): no optimistic reader can know it.
+        // It never reached the index: no optimistic reader can know it.
         desc.flags.fetch_and(!flag::PUBLISHED, Ordering::Relaxed);
         // Not the last reference: the caller still holds its own.
         let last = desc.refcount.put(self.mem().policy);
         debug_assert!(!last);
-        // A real unlock: another holder may have queued on the lock meanwhile.
-        folio.unlock();
+        desc.unlock_with(0);
     }
 
-    /// Inserts a private folio (fresh from `Cache::alloc_folio`) at page `index`. On success the
-    /// folio is in the cache, LOCKED (the caller fills it, then calls `end_read` or `unlock`),
-    /// and the cache holds its own reference besides the caller's. Returns the shadow value the
-    /// folio replaced, if any.
-    pub fn add_folio(&self, folio: &FolioRef<'_>, index: u64) -> Result<Option<u64>, Error> {
-        self.insert_one(folio, index, Zeros::No)
+    /// Inserts a private folio at page `index`. On success the folio is in the cache, LOCKED,
+    /// and the caller gets the lock's guard (to fill the folio, then `end_read` or `unlock`);
+    /// the cache holds its own reference besides the guard's. Returns the shadow value the
+    /// folio replaced, if any. On failure the folio is freed.
+    pub fn add_folio<'f>(
+        &self,
+        folio: NewFolio<'f>,
+        index: u64,
+    ) -> Result<(LockedFolio<'f>, Option<u64>), Error> {
+        let shadow = self.insert_one(&folio, index, Zeros::No)?;
+        Ok((LockedFolio::from_locked(folio.folio), shadow))
     }
 
     /// Inserts a private folio that reads as zeros for as long as it is in the index (a memory
     /// file's fallocated range): the entry carries that fact, so readers zero-fill without
     /// touching the folio, and no one ever fills it. The folio must not be uptodate; it is
-    /// inserted unlocked. Returns the shadow value it replaced, if any.
-    pub fn add_zeroed_folio(&self, folio: &FolioRef<'_>, index: u64) -> Result<Option<u64>, Error> {
+    /// inserted unlocked and the caller's reference is dropped. Returns the shadow value it
+    /// replaced, if any.
+    pub fn add_zeroed_folio(&self, folio: NewFolio<'_>, index: u64) -> Result<Option<u64>, Error> {
         if folio.is_uptodate() {
             return Err(Error::FolioUptodate);
         }
-        let shadow = self.insert_one(folio, index, Zeros::Yes)?;
-        folio.unlock();
+        let shadow = self.insert_one(&folio, index, Zeros::Yes)?;
+        folio.folio.desc().unlock_with(0);
         Ok(shadow)
     }
 
     /// Inserts one prepared folio under one hold of the writer lock (it stays LOCKED).
     fn insert_one(
         &self,
-        folio: &FolioRef<'_>,
+        folio: &NewFolio<'_>,
         index: u64,
         zeros: Zeros,
     ) -> Result<Option<u64>, Error> {
@@ -530,12 +530,17 @@ impl Mapping {
 
     /// Inserts a run of private folios at consecutive positions from page `start`, all under
     /// one hold of the writer lock. Stops at the first position where a folio is already
-    /// present, or when the index cannot grow; the folios that went in stay in (LOCKED, as with
-    /// [`add_folio`](Self::add_folio)), the others are left untouched for the caller.
-    pub fn add_folio_range(&self, start: u64, folios: &[FolioRef<'_>]) -> Result<RangeAdd, Error> {
+    /// present, or when the index cannot grow; the folios that went in stay in (LOCKED: their
+    /// guards are returned, as with [`add_folio`](Self::add_folio)), the others are handed
+    /// back untouched.
+    pub fn add_folio_range<'f>(
+        &self,
+        start: u64,
+        folios: Vec<NewFolio<'f>>,
+    ) -> Result<RangeAdd<'f>, Error> {
         let mut entries = Vec::with_capacity(folios.len());
         let mut index = start;
-        for folio in folios {
+        for folio in &folios {
             match self.prepare(folio, index, Zeros::No) {
                 Ok(entry) => entries.push(entry),
                 Err(error) => {
@@ -549,16 +554,22 @@ impl Mapping {
         }
         let result = self.lock().insert_range(start, &entries);
         let inserted = result.as_ref().map_or(0, |r| r.inserted);
-        for folio in &folios[inserted..] {
+        let mut folios = folios;
+        let rest = folios.split_off(inserted);
+        for folio in &rest {
             self.unprepare(folio);
         }
         let result = result?;
-        let pages: usize = folios[..inserted].iter().map(FolioRef::nr_pages).sum();
+        let pages: usize = folios.iter().map(NewFolio::nr_pages).sum();
         self.counters.insertions.add(inserted as u64);
         self.cached_pages
             .fetch_add(pages as u64, StatOrdering::Relaxed);
         Ok(RangeAdd {
-            inserted,
+            inserted: folios
+                .into_iter()
+                .map(|folio| LockedFolio::from_locked(folio.folio))
+                .collect(),
+            rest,
             stopped: result.stopped,
             shadows: result.shadows,
         })
@@ -614,12 +625,12 @@ impl Mapping {
     /// how a memory file changes bytes: uptodate folios are never written in place. The cache's
     /// reference moves to `new`; `old` leaves the mapping and is freed when its last holder
     /// lets go. `new` is inserted unlocked.
-    pub fn replace_folio(&self, old: &FolioRef<'_>, new: &FolioRef<'_>) -> Result<(), Error> {
+    pub fn replace_folio(&self, old: &FolioRef<'_>, new: NewFolio<'_>) -> Result<(), Error> {
         if !std::ptr::eq(old.mem, self.mem()) {
             return Err(Error::ForeignFolio);
         }
         let index = old.index();
-        let new_entry = self.prepare(new, index, Zeros::No)?;
+        let new_entry = self.prepare(&new, index, Zeros::No)?;
         let replaced = {
             let mut writer = self.lock();
             let replaced = match entry_of(&writer, old) {
@@ -635,7 +646,7 @@ impl Mapping {
         };
         match replaced {
             Ok(true) => {
-                new.unlock();
+                new.folio.desc().unlock_with(0);
                 // The cache's reference on the old folio.
                 self.mem().put(old.pfn);
                 self.counters.insertions.inc();
@@ -643,11 +654,11 @@ impl Mapping {
                 Ok(())
             }
             Ok(false) => {
-                self.unprepare(new);
+                self.unprepare(&new);
                 Err(Error::NotCached { index })
             }
             Err(error) => {
-                self.unprepare(new);
+                self.unprepare(&new);
                 Err(error)
             }
         }
@@ -680,7 +691,7 @@ impl Mapping {
             }
         }
         if shadows > 0 {
-            self.cache.reclaim.shadow_gone(shadows);
+            self.shadows.gone(shadows);
         }
         self.cached_pages.fetch_sub(total, StatOrdering::Relaxed);
         total
@@ -699,7 +710,7 @@ impl Mapping {
         let dropped = self.lock().truncate_where(first..=last, |_, entry| {
             matches!(entry, Entry::Value { .. })
         });
-        self.cache.reclaim.shadow_gone(dropped as u64);
+        self.shadows.gone(dropped as u64);
         dropped
     }
 

@@ -20,12 +20,12 @@
 //! write lock: folios are immutable while uptodate (see [`crate::file`]), so a copy needs only
 //! the folio's reference.
 
-use crate::cache::{Policy, ReadPolicy, SmallReadPolicy};
 use crate::error::Error;
-use crate::file::FileInner;
+use crate::inode::Inode;
 use crate::io::ReadRequest;
 use crate::mapping::{BatchEnd, FolioBatch, Mapping, OPTIMISTIC_MAX, Optimistic};
-use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE, flag};
+use crate::mem::{FolioRef, LockedFolio, PAGE_SHIFT, PAGE_SIZE, flag};
+use crate::policy::{Policy, ReadPolicy, SmallReadPolicy};
 use crate::readahead::{self, RaState};
 use std::ops::Deref;
 use std::sync::Arc;
@@ -40,7 +40,7 @@ static ZEROS: [u8; 2 << 20] = [0; 2 << 20];
 
 /// Reads `buf.len()` bytes at `pos` (fewer at end of file).
 pub(crate) fn read_at(
-    file: &FileInner,
+    file: &Inode,
     policy: &Policy,
     buf: &mut [u8],
     pos: u64,
@@ -172,10 +172,8 @@ fn read_per_folio(mapping: &Mapping, buf: &mut [u8], pos: u64) {
         let page_end = ((at >> PAGE_SHIFT) + 1) << PAGE_SHIFT;
         let folio = mapping.lookup(at >> PAGE_SHIFT).filter(|folio| {
             // The old loop locked the folio to check it was still in this file.
-            folio.lock();
-            let ours = folio.mapping_id() == mapping.id();
-            folio.unlock();
-            ours
+            let _locked = folio.lock();
+            folio.mapping_id() == mapping.id()
         });
         match folio.as_ref().and_then(FolioRef::bytes) {
             Some(bytes) => {
@@ -276,7 +274,7 @@ impl<'m> ReadRun<'m> {
     }
 }
 
-pub(crate) fn read_folios(file: &FileInner, pos: u64, len: usize) -> Result<ReadRun<'_>, Error> {
+pub(crate) fn read_folios(file: &Inode, pos: u64, len: usize) -> Result<ReadRun<'_>, Error> {
     let mapping = &file.mapping;
     let size = mapping.size();
     let mut run = ReadRun::default();
@@ -322,7 +320,7 @@ const _: () = assert!(PAGE_SIZE <= ZEROS.len());
 /// start readahead and wait for the device; a folio carrying the READAHEAD mark starts the
 /// next window before its own bytes are waited for.
 pub(crate) fn read_disk(
-    file: &Arc<FileInner>,
+    file: &Arc<Inode>,
     ra: &mut RaState,
     buf: &mut [u8],
     pos: u64,
@@ -337,7 +335,7 @@ pub(crate) fn read_disk(
 /// The zero-copy read of a file backed by storage: like [`read_disk`], but the run borrows the
 /// folios.
 pub(crate) fn read_folios_disk<'f>(
-    file: &'f Arc<FileInner>,
+    file: &'f Arc<Inode>,
     ra: &mut RaState,
     pos: u64,
     len: usize,
@@ -355,7 +353,7 @@ pub(crate) fn read_folios_disk<'f>(
 /// Returns the bytes walked; an error only if not one byte could be read (otherwise the read
 /// is short). Updates the reader's position for readahead.
 fn walk_disk<'f>(
-    file: &'f Arc<FileInner>,
+    file: &'f Arc<Inode>,
     ra: &mut RaState,
     pos: u64,
     len: usize,
@@ -403,7 +401,7 @@ fn walk_disk<'f>(
 /// (at most to `last`), starting readahead on a miss or a mark and waiting for the device
 /// where it must. On success the batch holds at least one folio, all uptodate.
 fn get_pages<'f>(
-    file: &'f Arc<FileInner>,
+    file: &'f Arc<Inode>,
     ra: &mut RaState,
     index: u64,
     last: u64,
@@ -454,45 +452,40 @@ fn get_pages<'f>(
 /// flight, or reads it synchronously if none is (readahead skipped it, or its read failed).
 /// Returns whether the folio is now uptodate and still in the file (`false`: look it up again).
 pub(crate) fn update_page(
-    file: &FileInner,
+    file: &Inode,
     ra: &mut RaState,
     folio: &FolioRef<'_>,
 ) -> Result<bool, Error> {
     let mapping = &file.mapping;
-    if !folio.try_lock() {
+    let Some(locked) = folio.try_lock() else {
         // A read in flight: wait for it, then look again (it may have failed, or the folio
         // may have left the file meanwhile).
         folio.wait_unlocked();
         return Ok(folio.is_uptodate() && folio.mapping_id() == mapping.id());
-    }
+    };
     if folio.mapping_id() != mapping.id() {
-        folio.unlock();
         return Ok(false);
     }
     if folio.is_uptodate() {
-        folio.unlock();
         return Ok(true);
     }
-    read_locked_folio(file, ra, folio)?;
+    read_locked_folio(file, ra, locked)?;
     Ok(true)
 }
 
 /// Reads one locked folio that is in the file, synchronously (`filemap_read_folio`). On
 /// failure the folio is left not uptodate (a later read tries again) and this reader's window
 /// shrinks 4× (a failing device should not be hammered with large reads).
-fn read_locked_folio(
-    file: &FileInner,
-    ra: &mut RaState,
-    folio: &FolioRef<'_>,
-) -> Result<(), Error> {
+fn read_locked_folio(file: &Inode, ra: &mut RaState, locked: LockedFolio<'_>) -> Result<(), Error> {
     let disk = file.disk().ok_or(Error::NotADiskFile)?;
     disk.ra.read_folio.inc();
+    let folio = locked.folio().clone();
     folio.clear(flag::ERROR);
     let offset = folio.index() << PAGE_SHIFT;
     disk.backend.submit(vec![ReadRequest::new(
-        Arc::clone(&file.cache_inner),
+        Arc::clone(&file.core.mem),
         Arc::clone(&disk.io),
-        vec![folio.id()],
+        vec![locked],
         offset,
         disk.backend.size(),
     )]);
@@ -511,14 +504,14 @@ fn read_locked_folio(
 /// The kernel's `filemap_create_folio`: readahead produced no folio at `index`, so insert one
 /// page and read it. `None` if another reader inserted one first (look it up again).
 pub(crate) fn create_folio<'f>(
-    file: &'f Arc<FileInner>,
+    file: &'f Arc<Inode>,
     index: u64,
 ) -> Result<Option<FolioRef<'f>>, Error> {
     // The reader's own page: worth waiting a little for (other readers release the folios
     // they hold, and evicted memory comes back after a grace period).
     let mut tries = 0;
     let folio = loop {
-        match file.cache().alloc_for_readahead(0) {
+        match file.core.alloc_for_readahead(0) {
             Ok(folio) => break folio,
             Err(Error::NoMemory { .. }) if tries < 100 => {
                 tries += 1;
@@ -527,16 +520,17 @@ pub(crate) fn create_folio<'f>(
             Err(error) => return Err(error),
         }
     };
-    let shadow = match file.mapping.add_folio(&folio, index) {
-        Ok(shadow) => shadow,
+    let (locked, shadow) = match file.mapping.add_folio(folio, index) {
+        Ok(added) => added,
         Err(Error::Exists { .. }) => return Ok(None),
         Err(error) => return Err(error),
     };
-    let cache = &file.cache_inner;
+    let folio = locked.folio().clone();
+    let cache = &file.core;
     cache
         .reclaim
         .add_inserted(&cache.mem, &[(folio.id(), shadow)]);
     let mut scratch = RaState::new(0);
-    read_locked_folio(file, &mut scratch, &folio)?;
+    read_locked_folio(file, &mut scratch, locked)?;
     Ok(Some(folio))
 }

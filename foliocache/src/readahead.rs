@@ -18,13 +18,14 @@
 //! Both insert the same folios at the same indexes and set the same mark, and both hand the
 //! backend one batch of requests (one per contiguous run, split at the cache's request size).
 
-use crate::cache::InsertPolicy;
 use crate::error::Error;
-use crate::file::{DiskSource, FileInner};
 use crate::index::RangeStop;
+use crate::inode::{DiskSource, Inode};
 use crate::io::ReadRequest;
-use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE, flag};
-use crate::sync::unmodelled::Counter;
+use crate::mapping::Mapping;
+use crate::mem::{FolioRef, LockedFolio, NewFolio, PAGE_SHIFT, PAGE_SIZE, flag};
+use crate::policy::InsertPolicy;
+use crate::stats::RaCounters;
 use std::sync::Arc;
 
 /// The kernel's default maximum window (`VM_READAHEAD_PAGES`): 128 KiB.
@@ -81,6 +82,15 @@ pub(crate) trait Probe {
     fn prev_miss(&self, index: u64, max_scan: u64) -> u64;
     /// The first page index at or after `index` with no folio, scanning at most `max_scan`.
     fn next_miss(&self, index: u64, max_scan: u64) -> u64;
+}
+
+impl Probe for Mapping {
+    fn prev_miss(&self, index: u64, max_scan: u64) -> u64 {
+        Mapping::prev_miss(self, index, max_scan)
+    }
+    fn next_miss(&self, index: u64, max_scan: u64) -> u64 {
+        Mapping::next_miss(self, index, max_scan)
+    }
 }
 
 /// The fixed facts a fill is planned against.
@@ -354,106 +364,6 @@ pub(crate) fn pages_layout(
         .collect()
 }
 
-/// Counters of readahead decisions and fills (a snapshot), per file.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RaStats {
-    /// Misses that started a stream (`SyncFresh`).
-    pub sync_fresh: u64,
-    /// Misses sized from cached history (`SyncContext`).
-    pub sync_context: u64,
-    /// Small random reads that read only the request (`SyncRandom`).
-    pub sync_random: u64,
-    /// Forced reads (random mode, `readahead()`, `WillNeed`).
-    pub forced: u64,
-    /// Marks hit where expected: the pipelined continuation.
-    pub async_pipelined: u64,
-    /// Marks hit elsewhere (interleaved streams) and recovered from the index.
-    pub async_recovered: u64,
-    /// Marks hit with the area ahead already cached (nothing read).
-    pub async_skipped: u64,
-    /// Windows filled.
-    pub windows: u64,
-    /// Pages inserted by readahead.
-    pub pages: u64,
-    /// Folios inserted by readahead.
-    pub folios: u64,
-    /// Marks set.
-    pub marks: u64,
-    /// Windows that reached end of file (no mark set).
-    pub windows_at_eof: u64,
-    /// Pages skipped because a folio was already there.
-    pub present_skips: u64,
-    /// Large-folio windows that fell back to pages (a folio present, or no memory).
-    pub order_fallbacks: u64,
-    /// Batched fills that could not allocate the whole window and went one by one.
-    pub batch_alloc_fallbacks: u64,
-    /// Fills that stopped early for lack of memory.
-    pub out_of_memory: u64,
-    /// Folios read one at a time by a reader (readahead gave nothing, or a retry after an
-    /// error).
-    pub read_folio: u64,
-    /// Fault read-around windows (mapped access).
-    pub read_around: u64,
-    /// Fault windows in the exec folio order (seed 001).
-    pub exec_windows: u64,
-    /// Faults that read nothing ahead because the region missed too often (`mmap_miss`).
-    pub mmap_gave_up: u64,
-}
-
-impl std::ops::Add for RaStats {
-    type Output = Self;
-
-    /// Field-wise sums (counters of several files).
-    fn add(self, b: Self) -> Self {
-        Self {
-            sync_fresh: self.sync_fresh + b.sync_fresh,
-            sync_context: self.sync_context + b.sync_context,
-            sync_random: self.sync_random + b.sync_random,
-            forced: self.forced + b.forced,
-            async_pipelined: self.async_pipelined + b.async_pipelined,
-            async_recovered: self.async_recovered + b.async_recovered,
-            async_skipped: self.async_skipped + b.async_skipped,
-            windows: self.windows + b.windows,
-            pages: self.pages + b.pages,
-            folios: self.folios + b.folios,
-            marks: self.marks + b.marks,
-            windows_at_eof: self.windows_at_eof + b.windows_at_eof,
-            present_skips: self.present_skips + b.present_skips,
-            order_fallbacks: self.order_fallbacks + b.order_fallbacks,
-            batch_alloc_fallbacks: self.batch_alloc_fallbacks + b.batch_alloc_fallbacks,
-            out_of_memory: self.out_of_memory + b.out_of_memory,
-            read_folio: self.read_folio + b.read_folio,
-            read_around: self.read_around + b.read_around,
-            exec_windows: self.exec_windows + b.exec_windows,
-            mmap_gave_up: self.mmap_gave_up + b.mmap_gave_up,
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct RaCounters {
-    pub(crate) sync_fresh: Counter,
-    pub(crate) sync_context: Counter,
-    pub(crate) sync_random: Counter,
-    pub(crate) forced: Counter,
-    pub(crate) async_pipelined: Counter,
-    pub(crate) async_recovered: Counter,
-    pub(crate) async_skipped: Counter,
-    pub(crate) windows: Counter,
-    pub(crate) pages: Counter,
-    pub(crate) folios: Counter,
-    pub(crate) marks: Counter,
-    pub(crate) windows_at_eof: Counter,
-    pub(crate) present_skips: Counter,
-    pub(crate) order_fallbacks: Counter,
-    pub(crate) batch_alloc_fallbacks: Counter,
-    pub(crate) out_of_memory: Counter,
-    pub(crate) read_folio: Counter,
-    pub(crate) read_around: Counter,
-    pub(crate) exec_windows: Counter,
-    pub(crate) mmap_gave_up: Counter,
-}
-
 impl RaCounters {
     pub(crate) fn count(&self, trigger: Trigger) {
         match trigger {
@@ -466,36 +376,11 @@ impl RaCounters {
         }
         .inc();
     }
-
-    pub(crate) fn snapshot(&self) -> RaStats {
-        RaStats {
-            sync_fresh: self.sync_fresh.get(),
-            sync_context: self.sync_context.get(),
-            sync_random: self.sync_random.get(),
-            forced: self.forced.get(),
-            async_pipelined: self.async_pipelined.get(),
-            async_recovered: self.async_recovered.get(),
-            async_skipped: self.async_skipped.get(),
-            windows: self.windows.get(),
-            pages: self.pages.get(),
-            folios: self.folios.get(),
-            marks: self.marks.get(),
-            windows_at_eof: self.windows_at_eof.get(),
-            present_skips: self.present_skips.get(),
-            order_fallbacks: self.order_fallbacks.get(),
-            batch_alloc_fallbacks: self.batch_alloc_fallbacks.get(),
-            out_of_memory: self.out_of_memory.get(),
-            read_folio: self.read_folio.get(),
-            read_around: self.read_around.get(),
-            exec_windows: self.exec_windows.get(),
-            mmap_gave_up: self.mmap_gave_up.get(),
-        }
-    }
 }
 
 /// Carries out `fill` for `file` (the decision already updated `ra`): allocates, inserts and
 /// submits. Returns the number of pages inserted.
-pub(crate) fn fill(file: &Arc<FileInner>, ra: &mut RaState, what: Fill) -> u64 {
+pub(crate) fn fill(file: &Arc<Inode>, ra: &mut RaState, what: Fill) -> u64 {
     let Some(disk) = file.disk() else { return 0 };
     let geometry = file.geometry();
     let counters = &disk.ra;
@@ -553,7 +438,7 @@ pub(crate) fn fill(file: &Arc<FileInner>, ra: &mut RaState, what: Fill) -> u64 {
 
 /// A reader missed page `index` and wants `req` pages from it: decide (`sync_ra`), count the
 /// decision, fill.
-pub(crate) fn on_miss(file: &Arc<FileInner>, ra: &mut RaState, index: u64, req: u64) {
+pub(crate) fn on_miss(file: &Arc<Inode>, ra: &mut RaState, index: u64, req: u64) {
     let Some(disk) = file.disk() else { return };
     let (trigger, what) = sync_ra(ra, index, req, &file.geometry(), &file.mapping);
     disk.ra.count(trigger);
@@ -563,7 +448,7 @@ pub(crate) fn on_miss(file: &Arc<FileInner>, ra: &mut RaState, index: u64, req: 
 /// A reader found `folio` and wants `req` pages from it: if the folio carries the READAHEAD
 /// mark, consume it (one reader does) and start the next window (`async_ra`), before anyone
 /// waits for this folio's bytes.
-pub(crate) fn on_folio(file: &Arc<FileInner>, ra: &mut RaState, folio: &FolioRef<'_>, req: u64) {
+pub(crate) fn on_folio(file: &Arc<Inode>, ra: &mut RaState, folio: &FolioRef<'_>, req: u64) {
     let Some(disk) = file.disk() else { return };
     if !(folio.test(flag::READAHEAD) && folio.clear(flag::READAHEAD)) {
         return;
@@ -580,10 +465,10 @@ pub(crate) fn on_folio(file: &Arc<FileInner>, ra: &mut RaState, folio: &FolioRef
 
 /// The folios a fill inserted, grouped into read requests, submitted together at the end.
 struct Submission<'f> {
-    file: &'f Arc<FileInner>,
+    file: &'f Arc<Inode>,
     disk: &'f DiskSource,
-    /// The current contiguous run: first byte offset and folio ids.
-    run: Option<(u64, Vec<u32>, usize)>,
+    /// The current contiguous run: first byte offset, its locked folios, its bytes.
+    run: Option<(u64, Vec<LockedFolio<'f>>, usize)>,
     requests: Vec<ReadRequest>,
     pages: u64,
     /// Each inserted folio's id and the shadow entry it replaced.
@@ -591,7 +476,7 @@ struct Submission<'f> {
 }
 
 impl<'f> Submission<'f> {
-    fn new(file: &'f Arc<FileInner>, disk: &'f DiskSource) -> Self {
+    fn new(file: &'f Arc<Inode>, disk: &'f DiskSource) -> Self {
         Self {
             file,
             disk,
@@ -620,8 +505,8 @@ impl<'f> Submission<'f> {
     }
 
     /// Allocates a folio for every slot, or none at all (memory under pressure).
-    fn preallocate(&self, slots: &[Slot]) -> Option<Vec<FolioRef<'f>>> {
-        let cache = self.file.cache();
+    fn preallocate(&self, slots: &[Slot]) -> Option<Vec<NewFolio<'f>>> {
+        let cache = &self.file.core;
         let mut folios = Vec::with_capacity(slots.len());
         for slot in slots {
             let folio = cache.alloc_for_readahead(slot.order).ok()?;
@@ -636,44 +521,52 @@ impl<'f> Submission<'f> {
     fn insert_batched(
         &mut self,
         slots: &[Slot],
-        mut folios: Vec<FolioRef<'f>>,
+        mut folios: Vec<NewFolio<'f>>,
         skip_present: bool,
     ) -> usize {
         let mapping = &self.file.mapping;
         let mut k = 0;
-        while k < slots.len() {
-            let result = mapping.add_folio_range(slots[k].index, &folios[k..]);
-            let (inserted, stopped, shadows) = match result {
-                Ok(add) => (add.inserted, add.stopped, add.shadows),
-                Err(Error::Exists { .. }) => {
-                    (0, Some(RangeStop::Present(slots[k].index)), Vec::new())
-                }
-                Err(_) => (0, Some(RangeStop::NoMemory), Vec::new()),
-            };
-            for slot in k..k + inserted {
-                let shadow = shadows.get(slot - k).copied().flatten();
-                self.push(&folios[slot], slots[slot], shadow);
+        while k < slots.len() && !folios.is_empty() {
+            let (inserted, rest, stopped, shadows) =
+                match mapping.add_folio_range(slots[k].index, folios) {
+                    Ok(add) => (add.inserted, add.rest, add.stopped, add.shadows),
+                    // `add_folio_range` fails outright only on a malformed run, which the
+                    // layouts never produce; the folios were freed.
+                    Err(_) => (
+                        Vec::new(),
+                        Vec::new(),
+                        Some(RangeStop::NoMemory),
+                        Vec::new(),
+                    ),
+                };
+            let count = inserted.len();
+            for (j, locked) in inserted.into_iter().enumerate() {
+                let shadow = shadows.get(j).copied().flatten();
+                self.push(locked, slots[k + j], shadow);
             }
-            k += inserted;
+            k += count;
+            folios = rest;
             match stopped {
                 None => {}
                 Some(RangeStop::Present(_)) if skip_present && k < slots.len() => {
-                    // Submit what went in, skip the present page, go on.
+                    // Submit what went in, skip the present page (its folio is freed), go on.
                     self.end_run();
                     self.count_skip();
+                    if !folios.is_empty() {
+                        folios.remove(0);
+                    }
                     k += 1;
                 }
                 Some(_) => break,
             }
         }
-        // Drop the folios that did not go in (ours alone: freed now).
-        folios.clear();
+        // The folios that did not go in are ours alone: freed as they drop.
         k.min(slots.len())
     }
 
     fn insert_single(&mut self, slots: &[Slot], skip_present: bool) -> usize {
         let mapping = &self.file.mapping;
-        let cache = self.file.cache();
+        let cache = &self.file.core;
         for (k, slot) in slots.iter().enumerate() {
             let nr = 1u64 << slot.order;
             if mapping.next_miss(slot.index, nr) != slot.index {
@@ -692,8 +585,8 @@ impl<'f> Submission<'f> {
             if slot.mark {
                 folio.set(flag::READAHEAD);
             }
-            match mapping.add_folio(&folio, slot.index) {
-                Ok(shadow) => self.push(&folio, *slot, shadow),
+            match mapping.add_folio(folio, slot.index) {
+                Ok((locked, shadow)) => self.push(locked, *slot, shadow),
                 Err(Error::Exists { .. }) if skip_present => {
                     self.end_run();
                     self.count_skip();
@@ -709,23 +602,25 @@ impl<'f> Submission<'f> {
     }
 
     /// Adds an inserted (locked) folio to the current run.
-    fn push(&mut self, folio: &FolioRef<'_>, slot: Slot, shadow: Option<u64>) {
+    fn push(&mut self, folio: LockedFolio<'f>, slot: Slot, shadow: Option<u64>) {
         let nr = 1u64 << slot.order;
         let offset = slot.index << PAGE_SHIFT;
         let len = (nr as usize) * PAGE_SIZE;
-        let limit = self.file.cache_inner.request_bytes;
-        let extend = matches!(&self.run, Some((first, _, bytes))
-            if first + *bytes as u64 == offset && *bytes + len <= limit);
+        let limit = self.file.core.request_bytes;
+        let extend = matches!(&self.run, Some((first, folios, bytes))
+            if first + *bytes as u64 == offset
+                && *bytes + len <= limit
+                && folios.len() < crate::io::MAX_IOVECS);
         if !extend {
             self.end_run();
             self.run = Some((offset, Vec::new(), 0));
         }
-        if let Some((_, ids, bytes)) = self.run.as_mut() {
-            ids.push(folio.id());
+        self.inserted.push((folio.folio().id(), shadow));
+        if let Some((_, folios, bytes)) = self.run.as_mut() {
+            folios.push(folio);
             *bytes += len;
         }
         self.pages += nr;
-        self.inserted.push((folio.id(), shadow));
         self.disk.ra.folios.inc();
         if slot.mark {
             self.disk.ra.marks.inc();
@@ -733,11 +628,11 @@ impl<'f> Submission<'f> {
     }
 
     fn end_run(&mut self) {
-        if let Some((offset, ids, _)) = self.run.take() {
+        if let Some((offset, folios, _)) = self.run.take() {
             self.requests.push(ReadRequest::new(
-                Arc::clone(&self.file.cache_inner),
+                Arc::clone(&self.file.core.mem),
                 Arc::clone(&self.disk.io),
-                ids,
+                folios,
                 offset,
                 self.disk.backend.size(),
             ));
@@ -751,7 +646,7 @@ impl<'f> Submission<'f> {
         disk.ra.pages.add(self.pages);
         // On the reclaim lists while the requests still hold their references (a folio on a
         // list must not be freed without leaving it, and freeing is what takes it off).
-        let cache = &self.file.cache_inner;
+        let cache = &self.file.core;
         cache.reclaim.add_inserted(&cache.mem, &self.inserted);
         let requests = std::mem::take(&mut self.requests);
         if !requests.is_empty() {

@@ -36,11 +36,11 @@
 //! is one list with a second chance (a clock): the plain LRU approximation that a sequential
 //! scan flushes.
 
-use crate::file::FileInner;
 use crate::index::MAX_VALUE;
-use crate::mapping::RemoveError;
+use crate::mapping::{Mapping, RemoveError, ShadowCount};
 use crate::mem::lru::List;
 use crate::mem::{FolioRef, Memory, flag};
+use crate::policy::ReclaimPolicy;
 use crate::sync::Mutex;
 use crate::sync::unmodelled::{AtomicU64, Counter, Ordering};
 use std::collections::HashMap;
@@ -48,20 +48,6 @@ use std::sync::{Arc, Weak};
 
 /// How many folios one scan step isolates from a list tail (the kernel's `SWAP_CLUSTER_MAX`).
 const SCAN_BATCH: usize = 32;
-
-/// Which folios eviction picks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum ReclaimPolicy {
-    /// Inactive and active lists, and shadow entries with refault distances (workingset
-    /// detection). The default.
-    #[default]
-    Workingset,
-    /// Inactive and active lists, no shadow entries: a refault starts inactive like any read.
-    TwoLists,
-    /// One list with a second chance (a clock): a folio accessed since the hand last passed is
-    /// spared once, the others are evicted. The plain LRU approximation.
-    Clock,
-}
 
 /// Reclaim counters and list sizes (a snapshot).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -114,6 +100,13 @@ struct Counters {
     shadows_dropped: Counter,
 }
 
+/// A file whose folios reclaim may evict: reclaim finds its mapping through this (the file
+/// state lives above reclaim, so reclaim names it only through the trait).
+pub(crate) trait Evictable: Send + Sync + std::fmt::Debug {
+    /// The file's mapping.
+    fn mapping(&self) -> &Mapping;
+}
+
 /// One cache's reclaim state.
 #[derive(Debug)]
 pub(crate) struct Reclaim {
@@ -121,11 +114,11 @@ pub(crate) struct Reclaim {
     /// The arena's pages.
     total_pages: u64,
     /// Files whose folios are on the lists, by mapping id (the scan finds a folio's file here).
-    files: Mutex<HashMap<u64, Weak<FileInner>>>,
+    files: Mutex<HashMap<u64, Weak<dyn Evictable>>>,
     /// One scan at a time: a second thread short of memory waits for the first one's result.
     scan: Mutex<()>,
     age: AtomicU64,
-    shadows: AtomicU64,
+    shadows: Arc<ShadowCount>,
     counters: Counters,
 }
 
@@ -171,23 +164,26 @@ impl Reclaim {
             files: Mutex::new(HashMap::new()),
             scan: Mutex::new(()),
             age: AtomicU64::new(0),
-            shadows: AtomicU64::new(0),
+            shadows: Arc::default(),
             counters: Counters::default(),
         }
     }
 
+    /// The shadow count the cache's mappings keep in step.
+    pub(crate) fn shadow_count(&self) -> &Arc<ShadowCount> {
+        &self.shadows
+    }
+
     /// Makes a file's folios evictable (its folios can be found by mapping id).
-    pub(crate) fn register(&self, file: &Arc<FileInner>) {
-        self.files
-            .lock()
-            .insert(file.mapping.id(), Arc::downgrade(file));
+    pub(crate) fn register(&self, mapping_id: u64, file: Weak<dyn Evictable>) {
+        self.files.lock().insert(mapping_id, file);
     }
 
     pub(crate) fn unregister(&self, mapping_id: u64) {
         self.files.lock().remove(&mapping_id);
     }
 
-    fn file(&self, mapping_id: u64) -> Option<Arc<FileInner>> {
+    fn file(&self, mapping_id: u64) -> Option<Arc<dyn Evictable>> {
         self.files.lock().get(&mapping_id).and_then(Weak::upgrade)
     }
 
@@ -201,7 +197,7 @@ impl Reclaim {
             let mut list = List::Inactive;
             if let Some(value) = shadow {
                 self.counters.refaults.inc();
-                self.shadow_gone(1);
+                self.shadows.gone(1);
                 if self.policy == ReclaimPolicy::Workingset {
                     let (evicted_at, workingset) = unpack_shadow(value);
                     let active_pages = *active.get_or_insert_with(|| mem.lru_pages().1);
@@ -225,15 +221,6 @@ impl Reclaim {
         mem.lru_add(&placed);
     }
 
-    /// Shadow entries left the indexes (consumed by a refault, or removed with their range).
-    pub(crate) fn shadow_gone(&self, n: u64) {
-        let _ = self
-            .shadows
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| {
-                Some(s.saturating_sub(n))
-            });
-    }
-
     /// Frees at least `want` pages if it can: scans the lists' tails, balancing them first.
     /// Returns the pages freed.
     pub(crate) fn evict(&self, mem: &Memory, want: u64) -> u64 {
@@ -245,7 +232,7 @@ impl Reclaim {
         // it, once to evict it) before the scan gives up: busy folios do not loop forever.
         let (inactive, active) = mem.lru_pages();
         let mut budget = 2 * (inactive + active) + SCAN_BATCH as u64;
-        let mut file_cache: Option<Arc<FileInner>> = None;
+        let mut file_cache: Option<Arc<dyn Evictable>> = None;
         while freed < want && budget > 0 {
             if self.policy != ReclaimPolicy::Clock {
                 self.balance(mem);
@@ -299,9 +286,7 @@ impl Reclaim {
             mem.lru_add(&ids);
         }
         self.counters.evicted_pages.add(freed);
-        if self.policy == ReclaimPolicy::Workingset
-            && self.shadows.load(Ordering::Relaxed) > 2 * self.total_pages
-        {
+        if self.policy == ReclaimPolicy::Workingset && self.shadows.get() > 2 * self.total_pages {
             self.sweep_shadows();
         }
         freed
@@ -332,7 +317,7 @@ impl Reclaim {
         mem: &'m Memory,
         folio: FolioRef<'m>,
         flags: u32,
-        file_cache: &mut Option<Arc<FileInner>>,
+        file_cache: &mut Option<Arc<dyn Evictable>>,
     ) -> Result<u64, Option<FolioRef<'m>>> {
         let mapping_id = folio.mapping_id();
         if mapping_id == 0 {
@@ -340,7 +325,7 @@ impl Reclaim {
         }
         if file_cache
             .as_ref()
-            .is_none_or(|f| f.mapping.id() != mapping_id)
+            .is_none_or(|f| f.mapping().id() != mapping_id)
         {
             *file_cache = self.file(mapping_id);
         }
@@ -355,12 +340,12 @@ impl Reclaim {
             )
         });
         let pages = folio.nr_pages() as u64;
-        match file.mapping.remove_folio(folio, shadow) {
+        match file.mapping().remove_folio(folio, shadow) {
             Ok(()) => {
                 self.counters.evicted_folios.inc();
                 self.age.fetch_add(pages, Ordering::Relaxed);
                 if shadow.is_some() {
-                    self.shadows.fetch_add(1, Ordering::Relaxed);
+                    self.shadows.add(1);
                 }
                 Ok(pages)
             }
@@ -378,7 +363,7 @@ impl Reclaim {
     /// Drops shadow entries too old to ever activate a refault (distance above the arena's
     /// pages), in every file, and recounts the rest.
     fn sweep_shadows(&self) {
-        let files: Vec<Arc<FileInner>> = self
+        let files: Vec<Arc<dyn Evictable>> = self
             .files
             .lock()
             .values()
@@ -388,7 +373,7 @@ impl Reclaim {
         let mut kept = 0u64;
         let mut dropped = 0u64;
         for file in files {
-            dropped += file.mapping.drop_shadows_where(|value| {
+            dropped += file.mapping().drop_shadows_where(|value| {
                 let (evicted_at, _) = unpack_shadow(value);
                 let stale = distance(now, evicted_at) > self.total_pages;
                 kept += u64::from(!stale);
@@ -396,7 +381,7 @@ impl Reclaim {
             }) as u64;
         }
         self.counters.shadows_dropped.add(dropped);
-        self.shadows.store(kept, Ordering::Relaxed);
+        self.shadows.set(kept);
     }
 
     pub(crate) fn stats(&self, mem: &Memory) -> ReclaimStats {
@@ -414,7 +399,7 @@ impl Reclaim {
             workingset_activations: c.workingset_activations.get(),
             workingset_restores: c.workingset_restores.get(),
             shadows_dropped: c.shadows_dropped.get(),
-            shadow_entries: self.shadows.load(Ordering::Relaxed),
+            shadow_entries: self.shadows.get(),
             inactive_pages,
             active_pages,
             nonresident_age: self.age.load(Ordering::Relaxed),

@@ -1,7 +1,8 @@
 //! The arena's buddy allocator: random alloc/free never hands out overlapping memory, freeing
 //! everything coalesces back to the largest blocks, and bad configuration is an error.
 
-use foliocache::{Cache, Error, FolioRef, PAGE_SIZE};
+use foliocache::raw::{self, NewFolio};
+use foliocache::{Cache, Error, PAGE_SIZE};
 use proptest::prelude::*;
 
 fn cache(pages: u64, max_order: u8) -> Cache {
@@ -27,10 +28,14 @@ fn full_shape(pages: u64, max_order: u8) -> Vec<usize> {
     shape
 }
 
-fn check_disjoint(live: &[FolioRef<'_>]) {
+fn address(folio: &mut NewFolio<'_>) -> usize {
+    folio.bytes_mut().as_ptr() as usize
+}
+
+fn check_disjoint(live: &mut [NewFolio<'_>]) {
     let mut ranges: Vec<(usize, usize)> = live
-        .iter()
-        .map(|f| (f.as_ptr() as usize, f.as_ptr() as usize + f.len()))
+        .iter_mut()
+        .map(|f| (address(f), address(f) + f.len()))
         .collect();
     ranges.sort_unstable();
     for pair in ranges.windows(2) {
@@ -38,7 +43,7 @@ fn check_disjoint(live: &[FolioRef<'_>]) {
     }
     for f in live {
         assert_eq!(
-            (f.as_ptr() as usize) % f.len(),
+            address(f) % f.len(),
             0,
             "folio of order {} not naturally aligned",
             f.order()
@@ -56,23 +61,22 @@ proptest! {
         ops in prop::collection::vec((any::<bool>(), 0u8..=9, any::<prop::sample::Index>()), 1..300),
     ) {
         let cache = cache(pages, max_order);
-        let mut live: Vec<FolioRef<'_>> = Vec::new();
+        let mut live: Vec<NewFolio<'_>> = Vec::new();
         let mut used = 0u64;
         for (alloc, order, pick) in ops {
             if alloc || live.is_empty() {
                 let order = order.min(max_order);
-                match cache.alloc_folio(order) {
+                match raw::alloc_folio(&cache, order) {
                     Ok(folio) => {
                         prop_assert_eq!(folio.order(), order);
-                        prop_assert_eq!(folio.ref_count(), 1);
                         used += 1 << order;
                         live.push(folio);
                     }
                     Err(Error::NoMemory { order: o }) => {
                         prop_assert_eq!(o, order);
                         // A failure is only allowed when no free block of that order exists.
-                        cache.drain_cpu_caches();
-                        let blocks = cache.free_blocks_by_order();
+                        raw::drain_cpu_caches(&cache);
+                        let blocks = raw::free_blocks_by_order(&cache);
                         prop_assert!(blocks[order as usize..].iter().all(|&n| n == 0),
                             "order {} failed with free blocks {:?}", order, blocks);
                     }
@@ -85,11 +89,11 @@ proptest! {
             }
             prop_assert_eq!(cache.stats().free_pages, pages - used);
         }
-        check_disjoint(&live);
+        check_disjoint(&mut live);
         drop(live);
-        cache.drain_cpu_caches();
+        raw::drain_cpu_caches(&cache);
         prop_assert_eq!(cache.stats().free_pages, pages);
-        prop_assert_eq!(cache.free_blocks_by_order(), full_shape(pages, max_order));
+        prop_assert_eq!(raw::free_blocks_by_order(&cache), full_shape(pages, max_order));
     }
 }
 
@@ -101,16 +105,18 @@ fn every_page_can_be_allocated_even_from_thread_caches() {
     std::thread::scope(|s| {
         for _ in 0..2 {
             s.spawn(|| {
-                let folios: Vec<_> = (0..40).map(|_| cache.alloc_folio(0).unwrap()).collect();
+                let folios: Vec<_> = (0..40)
+                    .map(|_| raw::alloc_folio(&cache, 0).unwrap())
+                    .collect();
                 drop(folios);
             });
         }
     });
     // A large folio must still be found: allocation drains the caches before failing.
-    let all = cache.alloc_folio(8).expect("256 pages are free");
+    let all = raw::alloc_folio(&cache, 8).expect("256 pages are free");
     assert_eq!(all.nr_pages(), 256);
     assert!(matches!(
-        cache.alloc_folio(0),
+        raw::alloc_folio(&cache, 0),
         Err(Error::NoMemory { order: 0 })
     ));
 }
@@ -123,31 +129,28 @@ fn two_threads_allocate_and_free_concurrently_without_overlap() {
             let cache = &cache;
             s.spawn(move || {
                 for round in 0..200 {
-                    let folios: Vec<_> = (0..64)
+                    let mut folios: Vec<_> = (0..64)
                         .map(|i| {
-                            cache
-                                .alloc_folio(((i + round + usize::from(t)) % 3) as u8)
+                            raw::alloc_folio(cache, ((i + round + usize::from(t)) % 3) as u8)
                                 .unwrap()
                         })
                         .collect();
-                    // Stamp every folio's first byte with this thread's id, then check it:
-                    // an overlap with the other thread's folio would show up as a foreign stamp.
-                    for f in &folios {
-                        // SAFETY: (test) the folio is private to this thread.
-                        unsafe { f.as_ptr().write_volatile(t) };
+                    // Stamp every folio's bytes with this thread's id, then check them: an
+                    // overlap with the other thread's folio would show up as a foreign stamp.
+                    for f in &mut folios {
+                        f.bytes_mut().fill(t);
                     }
-                    for f in &folios {
-                        // SAFETY: as above.
-                        assert_eq!(unsafe { f.as_ptr().read_volatile() }, t);
+                    for f in &mut folios {
+                        assert!(f.bytes_mut().iter().all(|&b| b == t));
                     }
-                    check_disjoint(&folios);
+                    check_disjoint(&mut folios);
                 }
             });
         }
     });
-    cache.drain_cpu_caches();
+    raw::drain_cpu_caches(&cache);
     assert_eq!(cache.stats().free_pages, 4096);
-    assert_eq!(cache.free_blocks_by_order(), full_shape(4096, 9));
+    assert_eq!(raw::free_blocks_by_order(&cache), full_shape(4096, 9));
 }
 
 #[test]
@@ -159,7 +162,9 @@ fn order_0_traffic_stays_in_per_thread_caches() {
         for _ in 0..2 {
             s.spawn(|| {
                 for _ in 0..rounds {
-                    let folios: Vec<_> = (0..8).map(|_| cache.alloc_folio(0).unwrap()).collect();
+                    let folios: Vec<_> = (0..8)
+                        .map(|_| raw::alloc_folio(&cache, 0).unwrap())
+                        .collect();
                     drop(folios);
                 }
             });
@@ -194,7 +199,7 @@ fn bad_configuration_is_an_error_not_a_panic() {
     );
     let cache = cache(16, 2);
     assert!(matches!(
-        cache.alloc_folio(3),
+        raw::alloc_folio(&cache, 3),
         Err(Error::OrderTooLarge { order: 3, max: 2 })
     ));
 }
@@ -223,7 +228,7 @@ fn a_capacity_that_is_not_a_power_of_two_is_usable_to_the_last_page() {
     let cache = cache(pages, 9);
     let mut folios = Vec::new();
     for order in (0..=9).rev() {
-        while let Ok(f) = cache.alloc_folio(order) {
+        while let Ok(f) = raw::alloc_folio(&cache, order) {
             folios.push(f);
         }
     }
@@ -231,7 +236,7 @@ fn a_capacity_that_is_not_a_power_of_two_is_usable_to_the_last_page() {
         folios.iter().map(|f| f.nr_pages() as u64).sum::<u64>(),
         pages
     );
-    check_disjoint(&folios);
+    check_disjoint(&mut folios);
 }
 
 #[test]
@@ -242,9 +247,9 @@ fn huge_pages_and_prefault_build() {
         .prefault(true)
         .build()
         .unwrap();
-    let f = cache.alloc_folio(9).unwrap();
+    let mut f = raw::alloc_folio(&cache, 9).unwrap();
     assert_eq!(
-        f.as_ptr() as usize % (2 << 20),
+        address(&mut f) % (2 << 20),
         0,
         "order-9 folios are 2 MiB aligned"
     );

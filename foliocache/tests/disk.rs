@@ -111,7 +111,7 @@ fn opening_a_missing_file_or_a_directory_is_a_clear_error() {
 
 #[test]
 fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
-    use foliocache::io::probe::{Buffers, Probe, concurrent_read, sequential_read};
+    use foliocache::raw::probe::{Buffers, Probe, concurrent_read, sequential_read};
     // Not a multiple of the block: the last read is short (O_DIRECT stops at end of file).
     let size = 5 * (128 << 10) + 3 * 4096;
     let path = test_file("disk-probe", size);

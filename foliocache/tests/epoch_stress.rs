@@ -1,4 +1,4 @@
-//! The epochs (`foliocache::mem::epoch`) with real threads: readers pin, find the current object
+//! The epochs (`foliocache::raw::epoch`) with real threads: readers pin, find the current object
 //! through a shared slot and check it stays alive while they are pinned; writers replace
 //! objects and defer their frees. The oracle is a `Vec` of per-object free counts: at the end
 //! every replaced object was freed exactly once and the current one never, and no pinned
@@ -8,7 +8,7 @@
 
 mod common;
 
-use foliocache::mem::epoch;
+use foliocache::raw::epoch;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

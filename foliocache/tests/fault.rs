@@ -5,7 +5,8 @@
 mod common;
 
 use common::{MemBackend, byte_at, pattern};
-use foliocache::{Cache, Error, File, Policy, RegionHint, flag};
+use foliocache::raw::flag;
+use foliocache::{Cache, Error, File, Policy, RegionHint};
 use std::sync::Arc;
 
 const PAGE: u64 = 4096;
@@ -31,7 +32,7 @@ fn file_with(
 fn layout(file: &File) -> (Vec<(u64, u8)>, Vec<u64>) {
     let mut folios = Vec::new();
     let mut marks = Vec::new();
-    let mapping = file.mapping();
+    let mapping = foliocache::raw::mapping(file);
     let mut i = 0;
     while let Some(next) = mapping.index().next_present(i, u64::MAX) {
         let folio = mapping.lookup(next).unwrap();
@@ -103,7 +104,7 @@ fn read_around_is_centred_on_the_fault() {
         // Reaching the mark reads the next window ahead (async), as a stream would.
         assert!(!region.fault(108).unwrap().major);
         assert_eq!(file.readahead_stats().async_pipelined, 1);
-        assert!(file.mapping().stats().cached_pages > 32);
+        assert!(file.mapping_stats().cached_pages > 32);
     }
 }
 

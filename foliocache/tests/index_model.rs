@@ -6,7 +6,7 @@
 //! checked after every step by loads, batches, next/prev misses and a full listing.
 
 use foliocache::Error;
-use foliocache::index::{Entry, Index, RangeStop};
+use foliocache::raw::{Entry, Index, RangeStop};
 use proptest::prelude::*;
 use std::collections::HashMap;
 

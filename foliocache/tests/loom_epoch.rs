@@ -1,4 +1,4 @@
-//! loom models of the epochs themselves (`foliocache::mem::epoch`): the deferred freeing that
+//! loom models of the epochs themselves (`foliocache::raw::epoch`): the deferred freeing that
 //! index nodes and folio memory rely on.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_epoch`
@@ -15,7 +15,7 @@
 //! the pin's store is relaxed, the hole a re-pin would leave).
 #![cfg(loom)]
 
-use foliocache::mem::epoch::{self, AccessTracker};
+use foliocache::raw::epoch::{self, AccessTracker};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 use std::sync::Arc;

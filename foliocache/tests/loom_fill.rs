@@ -6,6 +6,7 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_fill`
 #![cfg(loom)]
 
+use foliocache::raw;
 use foliocache::{Backend, Cache, ReadRequest};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
@@ -86,23 +87,22 @@ fn two_inserters_of_a_missing_page_one_wins_the_other_waits() {
             .max_order(0)
             .build()
             .unwrap();
-        let mapping = std::sync::Arc::new(cache.new_mapping());
+        let mapping = std::sync::Arc::new(raw::new_mapping(&cache));
         let fills = std::sync::Arc::new(AtomicUsize::new(0));
         type Shared = (
             Cache,
-            std::sync::Arc<foliocache::Mapping>,
+            std::sync::Arc<foliocache::raw::Mapping>,
             std::sync::Arc<AtomicUsize>,
         );
         let racer = |(cache, mapping, fills): Shared| {
             move || {
-                let folio = cache.alloc_folio(0).unwrap();
-                match mapping.add_folio(&folio, 0) {
-                    Ok(_) => {
+                let folio = foliocache::raw::alloc_folio(&cache, 0).unwrap();
+                match mapping.add_folio(folio, 0) {
+                    Ok((locked, _)) => {
                         // Inserted locked: this reader fills it (here: nothing to copy) and
                         // ends the read.
                         fills.fetch_add(1, Ordering::Relaxed);
-                        folio.end_read(true);
-                        folio.id()
+                        locked.end_read(true).id()
                     }
                     Err(foliocache::Error::Exists { .. }) => {
                         let found = mapping.lookup(0).expect("the winner's folio");

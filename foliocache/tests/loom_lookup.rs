@@ -4,6 +4,7 @@
 //! Run: `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test --release --test loom_lookup`
 #![cfg(loom)]
 
+use foliocache::raw;
 use foliocache::{Cache, Policy, RefcountPolicy};
 use loom::sync::Arc;
 use loom::thread;
@@ -30,12 +31,11 @@ fn lookup_vs_removal_and_reuse() {
     for policy in BOTH {
         loom::model(move || {
             let cache = small_cache(policy);
-            let a = Arc::new(cache.new_mapping());
-            let b = Arc::new(cache.new_mapping());
+            let a = Arc::new(raw::new_mapping(&cache));
+            let b = Arc::new(raw::new_mapping(&cache));
             {
-                let folio = cache.alloc_folio(0).unwrap();
-                a.add_folio(&folio, 0).unwrap();
-                folio.end_read(true);
+                let folio = foliocache::raw::alloc_folio(&cache, 0).unwrap();
+                a.add_folio(folio, 0).unwrap().0.end_read(true);
             }
             let reader = {
                 let a = a.clone();
@@ -55,9 +55,8 @@ fn lookup_vs_removal_and_reuse() {
                 && a.remove_folio(folio, None).is_ok()
             {
                 // The freed page is the first the allocator hands out again.
-                let reused = cache.alloc_folio(0).unwrap();
-                b.add_folio(&reused, 0).unwrap();
-                reused.end_read(true);
+                let reused = foliocache::raw::alloc_folio(&cache, 0).unwrap();
+                b.add_folio(reused, 0).unwrap().0.end_read(true);
             }
             reader.join().unwrap();
         });
@@ -71,14 +70,13 @@ fn lookup_vs_truncation_and_reuse() {
     for policy in BOTH {
         loom::model(move || {
             let cache = small_cache(policy);
-            let a = Arc::new(cache.new_mapping());
-            let b = Arc::new(cache.new_mapping());
+            let a = Arc::new(raw::new_mapping(&cache));
+            let b = Arc::new(raw::new_mapping(&cache));
             let id;
             {
-                let folio = cache.alloc_folio(0).unwrap();
+                let folio = foliocache::raw::alloc_folio(&cache, 0).unwrap();
                 id = folio.id();
-                a.add_folio(&folio, 0).unwrap();
-                folio.end_read(true);
+                a.add_folio(folio, 0).unwrap().0.end_read(true);
             }
             let reader = {
                 let (a, b) = (a.clone(), b.clone());
@@ -95,9 +93,8 @@ fn lookup_vs_truncation_and_reuse() {
                 })
             };
             assert_eq!(a.truncate(0..1), 1);
-            let reused = cache.alloc_folio(0).unwrap();
-            b.add_folio(&reused, 0).unwrap();
-            reused.end_read(true);
+            let reused = foliocache::raw::alloc_folio(&cache, 0).unwrap();
+            b.add_folio(reused, 0).unwrap().0.end_read(true);
             reader.join().unwrap();
         });
     }
@@ -114,11 +111,10 @@ fn removal_vs_truncation_loses_no_reference() {
     for policy in BOTH {
         loom::model(move || {
             let cache = small_cache(policy);
-            let a = Arc::new(cache.new_mapping());
+            let a = Arc::new(raw::new_mapping(&cache));
             {
-                let folio = cache.alloc_folio(0).unwrap();
-                a.add_folio(&folio, 0).unwrap();
-                folio.end_read(true);
+                let folio = foliocache::raw::alloc_folio(&cache, 0).unwrap();
+                a.add_folio(folio, 0).unwrap().0.end_read(true);
             }
             let held = a.lookup(0).unwrap();
             let truncator = {
@@ -133,7 +129,7 @@ fn removal_vs_truncation_loses_no_reference() {
             drop(a);
             // A freed folio may still wait for the grace period of a reader that was pinned
             // when it was freed; none is left now.
-            cache.drain_cpu_caches();
+            foliocache::raw::drain_cpu_caches(&cache);
             assert_eq!(cache.stats().free_pages, 4, "{policy:?}: a folio leaked");
         });
     }

@@ -49,7 +49,7 @@ fn setup() -> (Cache, File) {
 
 /// The folio is cached and listed, or gone and freed: nothing in between.
 fn check_consistent(cache: &Cache, file: &File) {
-    let cached = file.mapping().lookup(0).is_some();
+    let cached = foliocache::raw::mapping(&file).lookup(0).is_some();
     let stats = cache.stats();
     let listed = cache.reclaim_stats();
     let cached_pages = u64::from(cached);
@@ -81,7 +81,7 @@ fn eviction_races_a_readers_lookup() {
             let cache = cache.clone();
             thread::spawn(move || cache.evict(1))
         };
-        if let Some(folio) = file.mapping().lookup(0) {
+        if let Some(folio) = foliocache::raw::mapping(&file).lookup(0) {
             // A folio handed out is the file's page 0, with its bytes.
             assert_eq!(folio.bytes().map(|b| b[0]), Some(1));
         }

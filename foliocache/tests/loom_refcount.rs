@@ -7,7 +7,7 @@
 #![cfg(loom)]
 
 use foliocache::RefcountPolicy;
-use foliocache::mem::refcount::{FROZEN, FROZEN_LIMIT, RefCount};
+use foliocache::raw::refcount::{FROZEN, FROZEN_LIMIT, RefCount};
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;

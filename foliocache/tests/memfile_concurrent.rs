@@ -124,7 +124,7 @@ fn run(max_order: u8, read: ReadPolicy, time: Duration) {
         "the readers did no work"
     );
     drop(file);
-    cache.drain_cpu_caches();
+    foliocache::raw::drain_cpu_caches(&cache);
     assert_eq!(cache.stats().free_pages, 4 * PAGES, "every folio was freed");
 }
 

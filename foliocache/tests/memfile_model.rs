@@ -186,7 +186,9 @@ fn holes_allocate_nothing_and_large_folios_are_used() {
         "a 1 GiB hole costs no memory"
     );
     file.write_at(&[7; 100], 5 << 20).unwrap();
-    let folio = file.mapping().lookup((5 << 20) / 4096).unwrap();
+    let folio = foliocache::raw::mapping(&file)
+        .lookup((5 << 20) / 4096)
+        .unwrap();
     assert_eq!(folio.order(), 9, "huge=always: a 2 MiB folio");
     drop(folio);
     assert_eq!(free - cache.stats().free_pages, 512);

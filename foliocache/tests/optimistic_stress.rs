@@ -127,7 +127,7 @@ fn run(max_order: u8) {
         stop.store(true, Ordering::Relaxed);
         let retries: u64 = files
             .iter()
-            .map(|f| f.mapping().stats().optimistic_retries)
+            .map(|f| f.mapping_stats().optimistic_retries)
             .sum();
         eprintln!(
             "order {max_order}: {changes} changes, {} small reads ({} with data), {retries} optimistic retries",
@@ -137,7 +137,7 @@ fn run(max_order: u8) {
     });
     assert!(nonzero.load(Ordering::Relaxed) > 0, "no read returned data");
     drop(files);
-    cache.drain_cpu_caches();
+    foliocache::raw::drain_cpu_caches(&cache);
     assert_eq!(cache.stats().free_pages, 3 * PAGES, "every folio was freed");
 }
 

@@ -4,7 +4,8 @@
 mod common;
 
 use common::{MemBackend, byte_at, pattern};
-use foliocache::{Advice, Cache, Error, File, InsertPolicy, Policy, flag};
+use foliocache::raw::flag;
+use foliocache::{Advice, Cache, Error, File, InsertPolicy, Policy};
 use std::sync::Arc;
 
 const PAGE: u64 = 4096;
@@ -55,7 +56,7 @@ fn trace(file: &File, pages: u64) -> Vec<Row> {
         if (ra.start, ra.size) != seen {
             seen = (ra.start, ra.size);
             let window = (ra.start, ra.start + ra.size);
-            let mapping = file.mapping();
+            let mapping = foliocache::raw::mapping(file);
             let mark = (window.0..window.1).find(|&i| {
                 mapping
                     .lookup(i)
@@ -105,7 +106,10 @@ fn trace_without_large_folios_matches_the_spec() {
         assert_eq!(rows, expected, "{insert:?}");
         // Every folio is a single page.
         for i in 0..124 {
-            assert_eq!(file.mapping().lookup(i).unwrap().order(), 0);
+            assert_eq!(
+                foliocache::raw::mapping(&file).lookup(i).unwrap().order(),
+                0
+            );
         }
     }
 }
@@ -137,7 +141,7 @@ fn trace_with_large_folios_matches_the_spec() {
         ];
         assert_eq!(rows, expected, "{insert:?}");
         // The folios have the orders the table says.
-        let mapping = file.mapping();
+        let mapping = foliocache::raw::mapping(&file);
         for (index, order) in [(4, 2), (8, 2), (12, 2), (16, 3), (32, 4), (64, 5), (128, 5)] {
             let folio = mapping.lookup(index).unwrap();
             assert_eq!((folio.index(), folio.order()), (index, order));
@@ -160,10 +164,13 @@ fn batched_takes_one_lock_per_run_single_one_per_folio() {
         let mut handle = file.handle();
         // One forced read of 256 pages: one contiguous run.
         handle.readahead(0, 256 * PAGE).unwrap();
-        assert_eq!(file.mapping().stats().cached_pages, 256);
-        locks.push(file.mapping().stats().lock_acquisitions);
+        assert_eq!(file.mapping_stats().cached_pages, 256);
+        locks.push(file.mapping_stats().lock_acquisitions);
         assert!(
-            (0..256).all(|i| !file.mapping().lookup(i).unwrap().test(flag::READAHEAD)),
+            (0..256).all(|i| !foliocache::raw::mapping(&file)
+                .lookup(i)
+                .unwrap()
+                .test(flag::READAHEAD)),
             "a forced read sets no mark"
         );
     }
@@ -185,9 +192,9 @@ fn a_present_folio_splits_the_run_and_is_skipped() {
         let mut buf = [0u8; 1];
         // Page 10 cached first (a small random read reads only it).
         handle.read_at(&mut buf, 10 * PAGE).unwrap();
-        assert_eq!(file.mapping().stats().cached_pages, 1);
+        assert_eq!(file.mapping_stats().cached_pages, 1);
         handle.readahead(0, 32 * PAGE).unwrap();
-        assert_eq!(file.mapping().stats().cached_pages, 32);
+        assert_eq!(file.mapping_stats().cached_pages, 32);
         assert_eq!(file.readahead_stats().present_skips, 1, "{insert:?}");
         let reads = backend.requests();
         // Page 10's own read, then [0, 10) and [11, 32) as separate requests.
@@ -231,7 +238,7 @@ fn random_reads_start_no_windows() {
     let stats = file.readahead_stats();
     assert_eq!(stats.windows, 0, "{stats:?}");
     assert_eq!(stats.sync_random, 200);
-    assert_eq!(file.mapping().stats().cached_pages, 200);
+    assert_eq!(file.mapping_stats().cached_pages, 200);
     assert_eq!(backend.requests().len(), 200);
 }
 
@@ -245,7 +252,7 @@ fn random_advice_reads_exactly_the_request() {
     for start in [0, 3, 6, 9] {
         handle.read_at(&mut buf, start * PAGE).unwrap();
     }
-    assert_eq!(file.mapping().stats().cached_pages, 12);
+    assert_eq!(file.mapping_stats().cached_pages, 12);
     assert_eq!(file.readahead_stats().windows, 0);
     assert_eq!(file.readahead_stats().forced, 4);
 }
@@ -306,7 +313,7 @@ fn end_of_file_not_on_a_page_boundary() {
         assert_eq!(handle.read_at(&mut big, size).unwrap(), 0);
         assert_eq!(handle.read_at(&mut big, size + 5000).unwrap(), 0);
         // No mark is left past the last window (no mark at end of file).
-        let mapping = file.mapping();
+        let mapping = foliocache::raw::mapping(&file);
         let last_page = (size - 1) / PAGE;
         assert!(
             (0..=last_page).all(|i| mapping.lookup(i).is_none_or(|f| !f.test(flag::READAHEAD)))
@@ -330,13 +337,18 @@ fn read_errors_are_reported_and_retried() {
     assert!(matches!(error, Error::Io { offset: 0, .. }), "{error}");
     assert_eq!(file.io_stats().errors, 2);
     // The cache is consistent: page 0 is cached but not uptodate, and flagged.
-    let folio = file.mapping().lookup(0).unwrap();
+    let folio = foliocache::raw::mapping(&file).lookup(0).unwrap();
     assert!(!folio.is_uptodate() && folio.test(flag::ERROR));
     drop(folio);
     // The next read tries again, and succeeds.
     assert_eq!(handle.read_at(&mut buf, 0).unwrap(), 100);
     assert!(buf.iter().enumerate().all(|(k, &b)| b == byte_at(k as u64)));
-    assert!(!file.mapping().lookup(0).unwrap().test(flag::ERROR));
+    assert!(
+        !foliocache::raw::mapping(&file)
+            .lookup(0)
+            .unwrap()
+            .test(flag::ERROR)
+    );
 
     // A failure inside a longer read gives a short read up to it.
     backend.fail_page(40, u32::MAX);
@@ -403,7 +415,7 @@ fn a_file_larger_than_the_cache_reads_through_eviction() {
         }
         let stats = cache.reclaim_stats();
         assert!(stats.evicted_pages >= 1024, "{stats:?}");
-        assert!(file.mapping().stats().cached_pages <= 256);
+        assert!(file.mapping_stats().cached_pages <= 256);
     }
 }
 
@@ -418,7 +430,7 @@ fn dont_need_drops_idle_folios_and_will_need_reads_ahead() {
             len: 128 * PAGE,
         })
         .unwrap();
-    assert_eq!(file.mapping().stats().cached_pages, 128);
+    assert_eq!(file.mapping_stats().cached_pages, 128);
     let before = backend.requests().len();
     let mut buf = vec![0u8; 64 * PAGE as usize];
     handle.read_at(&mut buf, 0).unwrap();
@@ -427,12 +439,12 @@ fn dont_need_drops_idle_folios_and_will_need_reads_ahead() {
         before,
         "the range was already read"
     );
-    let held = file.mapping().lookup(3).unwrap();
+    let held = foliocache::raw::mapping(&file).lookup(3).unwrap();
     handle
         .advise(Advice::DontNeed { offset: 0, len: 0 })
         .unwrap();
     // Everything went except the folio a reader still holds.
-    assert_eq!(file.mapping().stats().cached_pages, 1);
+    assert_eq!(file.mapping_stats().cached_pages, 1);
     drop(held);
     assert_eq!(file.drop_cached(0, 0), 1);
 }

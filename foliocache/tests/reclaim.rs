@@ -4,8 +4,8 @@
 mod common;
 
 use common::{MemBackend, byte_at, pattern};
-use foliocache::index::Entry;
-use foliocache::reclaim::ReclaimPolicy;
+use foliocache::ReclaimPolicy;
+use foliocache::raw::Entry;
 use foliocache::{Advice, Cache, File, Handle, Policy};
 use proptest::prelude::*;
 use std::collections::{HashMap, VecDeque};
@@ -51,7 +51,7 @@ fn read_page(handle: &mut Handle, page: u64) {
 }
 
 fn cached(file: &File, page: u64) -> bool {
-    file.mapping().lookup(page).is_some()
+    foliocache::raw::mapping(file).lookup(page).is_some()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -324,7 +324,10 @@ fn shadows_are_left_by_eviction_consumed_by_refault_and_dropped_with_their_range
     assert_eq!(cache.evict(4), 4);
     for page in 0..4 {
         assert!(
-            matches!(file.mapping().index().load(page), Some(Entry::Value { .. })),
+            matches!(
+                foliocache::raw::mapping(&file).index().load(page),
+                Some(Entry::Value { .. })
+            ),
             "page {page} left a shadow"
         );
     }
@@ -332,7 +335,7 @@ fn shadows_are_left_by_eviction_consumed_by_refault_and_dropped_with_their_range
     // A refault consumes the shadow: the slot holds the folio again.
     read_page(&mut handle, 1);
     assert!(matches!(
-        file.mapping().index().load(1),
+        foliocache::raw::mapping(&file).index().load(1),
         Some(Entry::Folio { .. })
     ));
     let stats = cache.reclaim_stats();
@@ -340,7 +343,11 @@ fn shadows_are_left_by_eviction_consumed_by_refault_and_dropped_with_their_range
     // Dropping a range (DontNeed) takes its shadows with it: a later read is no refault.
     file.drop_cached(0, 4 * PAGE);
     for page in 0..4 {
-        assert_eq!(file.mapping().index().load(page), None, "page {page}");
+        assert_eq!(
+            foliocache::raw::mapping(&file).index().load(page),
+            None,
+            "page {page}"
+        );
     }
     assert_eq!(cache.reclaim_stats().shadow_entries, 0);
     read_page(&mut handle, 2);
@@ -350,7 +357,7 @@ fn shadows_are_left_by_eviction_consumed_by_refault_and_dropped_with_their_range
     let (file, mut handle) = open(&cache, 32);
     read_page(&mut handle, 0);
     assert_eq!(cache.evict(1), 1);
-    assert_eq!(file.mapping().index().load(0), None);
+    assert_eq!(foliocache::raw::mapping(&file).index().load(0), None);
 }
 
 #[test]

@@ -11,10 +11,12 @@
 
 mod common;
 
-use foliocache::index::Entry;
-use foliocache::{Cache, FolioBatch, FolioRef, Mapping, PAGE_SIZE, Policy, RefcountPolicy};
+use foliocache::raw;
+use foliocache::raw::Entry;
+use foliocache::raw::{FolioBatch, Mapping, NewFolio};
+use foliocache::{Cache, FolioRef, PAGE_SIZE, Policy, RefcountPolicy};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const PAGES_PER_FILE: u64 = 256;
@@ -38,23 +40,22 @@ impl Rng {
     }
 }
 
-fn stamp_words<'a>(folio: &'a FolioRef<'_>, page: usize) -> [&'a AtomicU64; 2] {
-    assert!(page < folio.nr_pages());
-    // SAFETY: (test) the pointer is inside the folio, 8-byte aligned (pages are 4 KiB aligned),
-    // and the folio is pinned by the reference for the borrow's lifetime. Stamps are only ever
-    // accessed atomically.
-    unsafe {
-        let base = folio.as_ptr().add(page * PAGE_SIZE).cast::<AtomicU64>();
-        [&*base, &*base.add(1)]
+/// Stamps every page of a private folio with `(mapping id, page index)`.
+fn stamp(folio: &mut NewFolio<'_>, mapping: u64, first: u64) {
+    let pages = folio.nr_pages();
+    let bytes = folio.bytes_mut();
+    for page in 0..pages {
+        let at = page * PAGE_SIZE;
+        bytes[at..at + 8].copy_from_slice(&mapping.to_le_bytes());
+        bytes[at + 8..at + 16].copy_from_slice(&(first + page as u64).to_le_bytes());
     }
 }
 
-fn stamp(folio: &FolioRef<'_>, mapping: u64, first: u64) {
-    for page in 0..folio.nr_pages() {
-        let [m, i] = stamp_words(folio, page);
-        m.store(mapping, Ordering::Relaxed);
-        i.store(first + page as u64, Ordering::Relaxed);
-    }
+fn stamp_of(folio: &FolioRef<'_>, page: usize) -> (u64, u64) {
+    let bytes = folio.bytes().expect("checked uptodate");
+    let at = page * PAGE_SIZE;
+    let word = |k: usize| u64::from_le_bytes(bytes[k..k + 8].try_into().unwrap());
+    (word(at), word(at + 8))
 }
 
 fn check(folio: &FolioRef<'_>, mapping: &Mapping, index: u64) {
@@ -75,8 +76,7 @@ fn check(folio: &FolioRef<'_>, mapping: &Mapping, index: u64) {
         "folio of mapping {owner} returned for {}",
         mapping.id()
     );
-    let [m, i] = stamp_words(folio, (index - first) as usize);
-    let (m, i) = (m.load(Ordering::Relaxed), i.load(Ordering::Relaxed));
+    let (m, i) = stamp_of(folio, (index - first) as usize);
     assert_eq!((m, i), (mapping.id(), index), "read another page's bytes");
 }
 
@@ -107,20 +107,21 @@ fn writer(
                     0
                 };
                 if run > 0 {
-                    let folios: Vec<_> =
-                        (0..run).map_while(|_| cache.alloc_folio(0).ok()).collect();
-                    for (k, f) in folios.iter().enumerate() {
+                    let mut folios: Vec<_> = (0..run)
+                        .map_while(|_| raw::alloc_folio(cache, 0).ok())
+                        .collect();
+                    for (k, f) in folios.iter_mut().enumerate() {
                         stamp(f, file.id(), first + k as u64);
                     }
-                    let added = file.add_folio_range(first, &folios).unwrap();
-                    for (k, f) in folios.iter().take(added.inserted).enumerate() {
-                        f.end_read(true);
+                    let added = file.add_folio_range(first, folios).unwrap();
+                    for (k, locked) in added.inserted.into_iter().enumerate() {
+                        let f = locked.end_read(true);
                         model.insert(first + k as u64, (f.id(), 0));
                     }
-                } else if let Ok(f) = cache.alloc_folio(order) {
-                    stamp(&f, file.id(), first);
-                    file.add_folio(&f, first).unwrap();
-                    f.end_read(true);
+                } else if let Ok(mut f) = raw::alloc_folio(cache, order) {
+                    stamp(&mut f, file.id(), first);
+                    let (locked, _) = file.add_folio(f, first).unwrap();
+                    let f = locked.end_read(true);
                     model.insert(first, (f.id(), order));
                 }
             }
@@ -192,7 +193,7 @@ fn run(policy: RefcountPolicy) {
         })
         .build()
         .unwrap();
-    let files = [cache.new_mapping(), cache.new_mapping()];
+    let files = [raw::new_mapping(&cache), raw::new_mapping(&cache)];
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     let (writes, reads) = std::thread::scope(|s| {
@@ -239,7 +240,7 @@ fn run(policy: RefcountPolicy) {
     );
     assert!(hits > 0 && write_ops > 0, "the stress did no work");
     drop(files);
-    cache.drain_cpu_caches();
+    foliocache::raw::drain_cpu_caches(&cache);
     let stats = cache.stats();
     assert_eq!(
         stats.free_pages, CACHE_PAGES,
@@ -277,16 +278,16 @@ fn stress_remove_vs_truncate() {
             })
             .build()
             .unwrap();
-        let file = cache.new_mapping();
+        let file = raw::new_mapping(&cache);
         let stop = AtomicBool::new(false);
         let deadline = Instant::now() + duration() / 2;
         let (removed, truncated) = std::thread::scope(|s| {
             let filler = s.spawn(|| {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Ok(f) = cache.alloc_folio(0) {
-                        stamp(&f, file.id(), 0);
-                        if file.add_folio(&f, 0).is_ok() {
-                            f.end_read(true);
+                    if let Ok(mut f) = raw::alloc_folio(&cache, 0) {
+                        stamp(&mut f, file.id(), 0);
+                        if let Ok((locked, _)) = file.add_folio(f, 0) {
+                            locked.end_read(true);
                         }
                     }
                 }
@@ -323,7 +324,7 @@ fn stress_remove_vs_truncate() {
         eprintln!("{policy:?}: {removed} removals, {truncated} truncations");
         assert!(removed > 0 && truncated > 0, "both paths must have run");
         drop(file);
-        cache.drain_cpu_caches();
+        foliocache::raw::drain_cpu_caches(&cache);
         assert_eq!(cache.stats().free_pages, 64, "{policy:?}: a folio leaked");
     }
 }

@@ -10,8 +10,9 @@
 
 use super::BenchArgs;
 use super::report::{Figure, Placement, Plot, Report, interleaved, run_threads};
-use foliocache::mem::refcount::RefCount;
-use foliocache::{Cache, FolioRef, Policy, RefcountPolicy};
+use foliocache::raw::refcount::RefCount;
+use foliocache::raw::{self, NewFolio};
+use foliocache::{Cache, Policy, RefcountPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::hint::black_box;
@@ -130,29 +131,27 @@ fn index_metadata(report: &mut Report, sizes: &Sizes, bar: &ProgressBar) -> Resu
     let mut counters = Vec::new();
     for (name, order, stride) in layouts {
         bar.set_message(format!("index metadata {name}"));
-        let file = cache.new_mapping();
+        let file = raw::new_mapping(&cache);
         let nr = 1u64 << order;
         let folios = sizes.dense_pages / nr / stride;
-        let mut batch: Vec<FolioRef<'_>> = Vec::with_capacity(32);
+        let mut batch: Vec<NewFolio<'_>> = Vec::with_capacity(32);
         let mut index = 0;
         for _ in 0..folios {
-            let folio = cache.alloc_folio(order).map_err(|e| e.to_string())?;
+            let folio = raw::alloc_folio(&cache, order).map_err(|e| e.to_string())?;
             if stride == 1 {
                 batch.push(folio);
                 if batch.len() == 32 {
-                    file.add_folio_range(index, &batch)
+                    file.add_folio_range(index, std::mem::take(&mut batch))
                         .map_err(|e| e.to_string())?;
                     index += 32 * nr;
-                    batch.clear();
                 }
             } else {
-                file.add_folio(&folio, index).map_err(|e| e.to_string())?;
+                file.add_folio(folio, index).map_err(|e| e.to_string())?;
                 index += stride * nr;
             }
         }
-        file.add_folio_range(index, &batch)
+        file.add_folio_range(index, batch)
             .map_err(|e| e.to_string())?;
-        drop(batch);
         let stats = file.stats();
         let per_page = stats.index_bytes as f64 / stats.cached_pages as f64;
         let case = format!("index-metadata/{name}");
@@ -239,15 +238,20 @@ fn lookup_hit(
                 .map_err(|e| e.to_string())
         })
         .collect::<Result<_, _>>()?;
-    let files: Vec<_> = caches.iter().map(Cache::new_mapping).collect();
+    let files: Vec<_> = caches.iter().map(raw::new_mapping).collect();
     for (cache, file) in caches.iter().zip(&files) {
-        let folios: Vec<_> = (0..PAGES)
-            .map(|_| cache.alloc_folio(0))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
-        for (k, chunk) in folios.chunks(32).enumerate() {
-            file.add_folio_range(k as u64 * 32, chunk)
+        for k in 0..PAGES / 32 {
+            let chunk: Vec<_> = (0..32)
+                .map(|_| raw::alloc_folio(cache, 0))
+                .collect::<Result<_, _>>()
                 .map_err(|e| e.to_string())?;
+            for locked in file
+                .add_folio_range(k * 32, chunk)
+                .map_err(|e| e.to_string())?
+                .inserted
+            {
+                locked.end_read(true);
+            }
         }
     }
     let (samples, busy) = interleaved(reps, 2, bar, |which| {
@@ -296,26 +300,29 @@ fn insertion(
         for _ in 0..sizes.insert_runs {
             // Fresh folios every run (a folio that was cached cannot go in again); allocating
             // them is not timed.
-            let folios: Vec<FolioRef<'_>> = (0..RUN)
-                .map(|_| cache.alloc_folio(0))
+            let folios: Vec<_> = (0..RUN)
+                .map(|_| raw::alloc_folio(&cache, 0))
                 .collect::<Result<_, _>>()
                 .map_err(|e| e.to_string())?;
-            let file = cache.new_mapping();
+            let file = raw::new_mapping(&cache);
+            // The lock guards are kept until after the clock stops (their unlocks are not
+            // insertion work).
+            let mut guards = Vec::with_capacity(RUN);
             let start = Instant::now();
             if which == 0 {
-                let added = file
-                    .add_folio_range(0, &folios)
-                    .map_err(|e| e.to_string())?;
-                assert_eq!(added.inserted, RUN);
+                let added = file.add_folio_range(0, folios).map_err(|e| e.to_string())?;
+                guards.extend(added.inserted);
             } else {
-                for (i, f) in folios.iter().enumerate() {
-                    file.add_folio(f, i as u64).map_err(|e| e.to_string())?;
+                for (i, f) in folios.into_iter().enumerate() {
+                    let (locked, _) = file.add_folio(f, i as u64).map_err(|e| e.to_string())?;
+                    guards.push(locked);
                 }
             }
             timed += start.elapsed();
+            assert_eq!(guards.len(), RUN);
             locks[which] = file.stats().lock_acquisitions;
+            drop(guards);
             drop(file);
-            drop(folios);
         }
         Ok(timed.as_nanos() as f64 / (sizes.insert_runs * RUN) as f64)
     })?;

@@ -125,7 +125,7 @@ fn pick(rng: &mut Rng, regions: &[(u64, u64)], total: u64) -> (usize, u64) {
 fn classify(side: &Side, texts: &[Text]) -> ([u64; 8], u64) {
     let mut pages = [0u64; 8];
     let mut va_aligned = 0;
-    let mapping = side.file.mapping();
+    let mapping = foliocache::raw::mapping(&side.file);
     for (text, region) in texts.iter().zip(&side.regions) {
         let (first, end) = region.pages();
         // Where a file page lands in memory.
@@ -262,7 +262,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         }
         let io = side.file.io_stats();
         let distinct = side.faulted.len() as f64 * 4096.0;
-        let stats = side.file.mapping().stats();
+        let stats = side.file.mapping_stats();
         let single = |metric: &str, v: f64| Figure::new(&case, "foliocache", metric, &[v], false);
         report.results.push(single("bytes_read", io.bytes as f64));
         report

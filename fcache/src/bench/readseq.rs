@@ -27,7 +27,7 @@
 
 use super::BenchArgs;
 use super::report::{Figure, Plot, Ratio, Report, interleaved};
-use foliocache::io::probe::{Buffers, concurrent_read};
+use foliocache::raw::probe::{Buffers, concurrent_read};
 use foliocache::{Cache, InsertPolicy};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -378,10 +378,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         for file in opened.iter().flatten() {
                             file.drop_cached(0, 0);
                         }
-                        cache.drain_cpu_caches();
+                        foliocache::raw::drain_cpu_caches(&cache);
                         let locks0: u64 = files
                             .iter()
-                            .map(|f| f.mapping().stats().lock_acquisitions)
+                            .map(|f| f.mapping_stats().lock_acquisitions)
                             .sum();
                         let win0: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
                         let handles: Vec<std::sync::Mutex<foliocache::Handle>> = files
@@ -394,7 +394,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         })?;
                         let locks1: u64 = files
                             .iter()
-                            .map(|f| f.mapping().stats().lock_acquisitions)
+                            .map(|f| f.mapping_stats().lock_acquisitions)
                             .sum();
                         let win1: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
                         windows[which].0 += locks1 - locks0;

@@ -29,7 +29,7 @@
 
 use super::report::{Figure, Plot, Report};
 use super::{BenchArgs, Rng};
-use foliocache::reclaim::ReclaimPolicy;
+use foliocache::ReclaimPolicy;
 use foliocache::{Advice, Backend, Cache, File, Policy, ReadRequest};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;

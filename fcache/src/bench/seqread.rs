@@ -285,7 +285,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 let mut walks = [(0u64, 0u64); 2];
                 let (samples, busy) = interleaved(reps, systems, &bar, |which| {
                     let mut pos = [0u64; 3];
-                    let before = file.mapping().stats().index_walks;
+                    let before = file.mapping_stats().index_walks;
                     let (gibs, reads) = match which {
                         0 => timed_reads(buf, sizes.file, &mut pos[0], sizes.time, |b, p| {
                             batched.read_at(b, p).map_err(|e| e.to_string())
@@ -301,7 +301,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         }
                     };
                     if which < 2 {
-                        walks[which].0 += file.mapping().stats().index_walks - before;
+                        walks[which].0 += file.mapping_stats().index_walks - before;
                         walks[which].1 += reads;
                     }
                     Ok(gibs)

@@ -111,7 +111,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         .flat_map(|t| (0..SYSTEMS.len()).map(move |k| (t, k)))
         .collect();
     bar.set_message("all thread counts, interleaved");
-    let before = frozen.mapping().stats().optimistic_retries;
+    let before = frozen.mapping_stats().optimistic_retries;
     let (samples, busy) = interleaved(reps, pairs.len(), &bar, |which| {
         let (t, system) = pairs[which];
         let work = |stop: &AtomicBool| -> u64 {
@@ -146,8 +146,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         all_pinned &= pinned;
         Ok(ops)
     })?;
-    retries
-        .push(json!({"optimistic_retries": frozen.mapping().stats().optimistic_retries - before}));
+    retries.push(json!({"optimistic_retries": frozen.mapping_stats().optimistic_retries - before}));
     for (which, &(t, system)) in pairs.iter().enumerate() {
         let n = threads[t];
         let case = format!("threads={n}");
@@ -197,7 +196,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     report.counters = json!({
         "threads_pinned": all_pinned,
         "optimistic_retries": retries,
-        "frozen_bit_file": frozen.mapping().stats().lookups,
+        "frozen_bit_file": frozen.mapping_stats().lookups,
     });
     report.notes.push(seed_table(&report, &threads));
     report.notes.push(bars(&report, &threads));

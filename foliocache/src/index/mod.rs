@@ -464,7 +464,7 @@ fn low_mask(bits: u32) -> u64 {
 }
 
 /// Read-only access to an [`Index`]: lockless lookups, batches, misses and listings, but no
-/// writer. A [`Mapping`](crate::Mapping) hands out this view of its index, because its folios'
+/// writer. A [`Mapping`](crate::raw::Mapping) hands out this view of its index, because its folios'
 /// references must change together with the index.
 #[derive(Debug, Clone, Copy)]
 pub struct IndexView<'a>(&'a Index);

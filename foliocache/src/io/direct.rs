@@ -1,7 +1,8 @@
 //! The direct-file backend: a file opened with O_DIRECT, read by the cache's I/O engine.
 
-use super::{Backend, ReadRequest, threads, uring};
+use super::{Backend, FileIo, ReadRequest, Transfer, threads, uring};
 use crate::error::Error;
+use crate::inject::Inject;
 use std::fmt;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
@@ -35,15 +36,15 @@ impl fmt::Debug for Engine {
 impl Engine {
     /// Starts an engine of the asked kind; `Auto` falls back to threads when io_uring cannot
     /// be set up (disabled by `io_uring_disabled`, a seccomp filter, an old kernel).
-    pub(crate) fn start(kind: EngineKind) -> Result<Self, Error> {
+    pub(crate) fn start(kind: EngineKind, inject: Arc<Inject>) -> Result<Self, Error> {
         match kind {
-            EngineKind::IoUring => uring::Uring::start()
+            EngineKind::IoUring => uring::Uring::start(inject)
                 .map(Engine::Uring)
                 .map_err(Error::Engine),
-            EngineKind::Threads => Ok(Engine::Threads(threads::Pool::start()?)),
-            EngineKind::Auto => match uring::Uring::start() {
+            EngineKind::Threads => Ok(Engine::Threads(threads::Pool::start(inject)?)),
+            EngineKind::Auto => match uring::Uring::start(Arc::clone(&inject)) {
                 Ok(ring) => Ok(Engine::Uring(ring)),
-                Err(_) => Ok(Engine::Threads(threads::Pool::start()?)),
+                Err(_) => Ok(Engine::Threads(threads::Pool::start(inject)?)),
             },
         }
     }
@@ -55,12 +56,11 @@ impl Engine {
         }
     }
 
-    /// Starts the reads of one batch on `fd`. With `drop_behind`, the kernel's cached copy of
-    /// each range is dropped after it was read (the buffered fallback).
-    pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, requests: Vec<ReadRequest>, drop_behind: bool) {
+    /// Starts the transfers of one batch on `fd`.
+    pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, transfers: Vec<Box<dyn Transfer>>, io: FileIo) {
         match self {
-            Engine::Uring(ring) => ring.submit(fd, requests, drop_behind),
-            Engine::Threads(pool) => pool.submit(fd, requests, drop_behind),
+            Engine::Uring(ring) => ring.submit(fd, transfers, io),
+            Engine::Threads(pool) => pool.submit(fd, transfers, io),
         }
     }
 }
@@ -112,6 +112,23 @@ impl OpenOptions {
     }
 }
 
+/// The file offset granularity of O_DIRECT transfers on `file` (`STATX_DIOALIGN`, Linux 6.1+),
+/// or 512 bytes (the smallest logical block size) when the kernel does not say.
+fn direct_io_align(file: &std::fs::File) -> usize {
+    rustix::fs::statx(
+        file.as_fd(),
+        "",
+        rustix::fs::AtFlags::EMPTY_PATH,
+        rustix::fs::StatxFlags::DIOALIGN,
+    )
+    .ok()
+    .filter(|stat| {
+        stat.stx_mask & rustix::fs::StatxFlags::DIOALIGN.bits() != 0
+            && stat.stx_dio_offset_align > 0
+    })
+    .map_or(512, |stat| stat.stx_dio_offset_align as usize)
+}
+
 /// tmpfs's `statfs` magic: it accepts O_DIRECT but keeps the data in the page cache anyway.
 const TMPFS_MAGIC: i64 = 0x0102_1994;
 
@@ -121,6 +138,8 @@ pub struct DirectFile {
     fd: Arc<OwnedFd>,
     size: u64,
     mode: IoMode,
+    /// How the engine treats the descriptor (its block size for O_DIRECT).
+    io: FileIo,
     engine: Arc<Engine>,
 }
 
@@ -187,11 +206,19 @@ impl DirectFile {
             ),
         };
         let meta = file.metadata().map_err(open_error)?;
+        let io = FileIo {
+            drop_behind: mode == IoMode::Buffered,
+            align: match mode {
+                IoMode::Direct => direct_io_align(&file),
+                IoMode::Buffered => 1,
+            },
+        };
         Ok(Self {
             path: path.to_owned(),
             fd: Arc::new(OwnedFd::from(file)),
             size: meta.len(),
             mode,
+            io,
             engine,
         })
     }
@@ -213,8 +240,11 @@ impl Backend for DirectFile {
     }
 
     fn submit(&self, requests: Vec<ReadRequest>) {
-        self.engine
-            .submit(&self.fd, requests, self.mode == IoMode::Buffered);
+        let transfers = requests
+            .into_iter()
+            .map(|request| Box::new(request) as Box<dyn Transfer>)
+            .collect();
+        self.engine.submit(&self.fd, transfers, self.io);
     }
 
     fn describe(&self) -> String {

@@ -25,8 +25,8 @@ mod uring;
 pub(crate) use direct::Engine;
 pub use direct::{DirectFile, EngineKind, IoMode, OpenOptions};
 
-use crate::cache::CacheInner;
-use crate::mem::{PAGE_SIZE, flag};
+use crate::mem::Memory;
+use crate::mem::{LockedFolio, PAGE_SIZE, flag};
 use crate::sync::unmodelled::Counter;
 use std::fmt;
 use std::io;
@@ -36,6 +36,11 @@ use std::sync::Arc;
 /// this many bytes, so a large window keeps several I/Os in flight (the device here did best at
 /// 128 KiB and queue depth 32 in `baselines.md` §6). `CacheBuilder::io_request_bytes` changes it.
 pub const DEFAULT_REQUEST_BYTES: usize = 128 << 10;
+
+/// The most I/O vectors one request may have (the kernel's `UIO_MAXIOV`: a `readv` with more
+/// fails with `EINVAL`). Readahead ends a request at this many folios; the engines also split
+/// any longer vector list they are handed.
+pub(crate) const MAX_IOVECS: usize = 1024;
 
 /// Where a file's bytes come from (the kernel's address-space operations for reads).
 ///
@@ -52,6 +57,105 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// A short description for reports (engine, mode).
     fn describe(&self) -> String {
         format!("{self:?}")
+    }
+}
+
+/// One I/O an engine carries out: a contiguous run of folio memory at a file offset, read into
+/// or written from. The engine transfers it whole (continuing after short transfers), then
+/// completes it once with the bytes moved or the error.
+pub(crate) trait Transfer: Send {
+    /// The file offset of the first byte.
+    fn offset(&self) -> u64;
+    /// Bytes to move.
+    fn len(&self) -> usize;
+    /// The memory, as I/O vectors (adjacent folios merged).
+    fn io_vectors(&self) -> Vec<libc::iovec>;
+    /// Whether this is a write (else a read).
+    fn is_write(&self) -> bool;
+    /// Where a read may end early without error: the file size when it was issued.
+    fn end_of_file(&self) -> u64;
+    /// Ends the transfer: `Ok(bytes moved)` or the error.
+    fn complete(self: Box<Self>, result: io::Result<usize>);
+}
+
+/// How an engine must treat one file's descriptor.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FileIo {
+    /// Drop the kernel's cached copy after each transfer (the buffered fallback).
+    pub(crate) drop_behind: bool,
+    /// The offset and length granularity of a transfer on this descriptor (O_DIRECT's logical
+    /// block size; 1 when buffered): where a transfer cut short restarts.
+    pub(crate) align: usize,
+}
+
+/// The vectors of `all` from byte `skip` on, at most [`MAX_IOVECS`] of them.
+pub(crate) fn vectors_from(all: &[libc::iovec], mut skip: usize) -> Vec<libc::iovec> {
+    let mut out = Vec::with_capacity(all.len().min(MAX_IOVECS));
+    for vector in all {
+        if out.len() == MAX_IOVECS {
+            break;
+        }
+        if skip >= vector.iov_len {
+            skip -= vector.iov_len;
+            continue;
+        }
+        out.push(libc::iovec {
+            iov_base: vector.iov_base.cast::<u8>().wrapping_add(skip).cast(),
+            iov_len: vector.iov_len - skip,
+        });
+        skip = 0;
+    }
+    out
+}
+
+/// After a transfer moved `done` of `len` bytes: where it goes on from (rounded down to the
+/// file's granularity), or `None` when it is over (all moved, or a read reached the end of
+/// the file). `Err` when a write made no progress at all.
+pub(crate) fn next_step(
+    transfer: &dyn Transfer,
+    io: FileIo,
+    before: usize,
+    moved: usize,
+) -> io::Result<Option<usize>> {
+    let done = before + moved;
+    if done >= transfer.len() {
+        return Ok(None);
+    }
+    if moved == 0 {
+        if transfer.is_write() {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        return Ok(None); // end of file
+    }
+    if !transfer.is_write() && transfer.offset() + done as u64 >= transfer.end_of_file() {
+        return Ok(None);
+    }
+    let restart = done - done % io.align.max(1);
+    if restart <= before {
+        // Less than one block moved: going on from the same place would loop.
+        return Err(io::Error::from_raw_os_error(libc::EIO));
+    }
+    Ok(Some(restart))
+}
+
+impl Transfer for ReadRequest {
+    fn offset(&self) -> u64 {
+        self.offset
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn io_vectors(&self) -> Vec<libc::iovec> {
+        ReadRequest::io_vectors(self)
+    }
+    fn is_write(&self) -> bool {
+        false
+    }
+    fn end_of_file(&self) -> u64 {
+        self.file_size
+    }
+    fn complete(self: Box<Self>, result: io::Result<usize>) {
+        ReadRequest::complete(*self, result);
     }
 }
 
@@ -114,7 +218,7 @@ impl IoCounters {
 /// A read of a contiguous run of locked, not-uptodate folios from one file offset: what a
 /// backend is handed. It holds a reference on each folio until it completes.
 pub struct ReadRequest {
-    cache: Arc<CacheInner>,
+    mem: Arc<Memory>,
     counters: Arc<IoCounters>,
     /// Folio ids, in file order; each holds one reference taken for this request.
     folios: Vec<u32>,
@@ -122,7 +226,13 @@ pub struct ReadRequest {
     len: usize,
     /// The file size when the read was issued: bytes past it are zero-filled.
     file_size: u64,
+    /// Set by the first `finish`: the outcome is decided (bytes arrived, end of file reached).
     completed: bool,
+    arrived: usize,
+    at_eof: bool,
+    /// Folios ended so far, and their bytes (see `finish`).
+    ended: usize,
+    ended_bytes: usize,
 }
 
 impl fmt::Debug for ReadRequest {
@@ -136,30 +246,37 @@ impl fmt::Debug for ReadRequest {
 }
 
 impl ReadRequest {
-    /// A request for `folios` (ids, in file order, locked and not uptodate, contiguous in the
-    /// file from byte `offset`). Takes a reference on each.
+    /// A request for `folios` (in file order, not uptodate, contiguous in the file from byte
+    /// `offset`): the request takes over their locks and references, and gives both up when it
+    /// completes.
     pub(crate) fn new(
-        cache: Arc<CacheInner>,
+        mem: Arc<Memory>,
         counters: Arc<IoCounters>,
-        folios: Vec<u32>,
+        folios: Vec<LockedFolio<'_>>,
         offset: u64,
         file_size: u64,
     ) -> Self {
         let mut len = 0;
-        for &pfn in &folios {
-            let desc = cache.mem.desc(pfn);
-            debug_assert!(desc.is_locked(), "a read target must be locked");
-            desc.refcount.get();
-            len += PAGE_SIZE << desc.order.load(crate::sync::Ordering::Relaxed);
-        }
+        let folios: Vec<u32> = folios
+            .into_iter()
+            .map(|locked| {
+                debug_assert!(std::ptr::eq(locked.folio().mem, &*mem));
+                len += locked.folio().len();
+                locked.into_locked_id()
+            })
+            .collect();
         Self {
-            cache,
+            mem,
             counters,
             folios,
             offset,
             len,
             file_size,
             completed: false,
+            arrived: 0,
+            at_eof: false,
+            ended: 0,
+            ended_bytes: 0,
         }
     }
 
@@ -197,8 +314,7 @@ impl ReadRequest {
             // uptodate bit after copying and discard what they copied). The folios of one
             // request are distinct, and `&mut self` keeps the slices from outliving the
             // request or aliasing another call's.
-            let bytes =
-                unsafe { std::slice::from_raw_parts_mut(self.cache.mem.page_ptr(pfn), len) };
+            let bytes = unsafe { std::slice::from_raw_parts_mut(self.mem.page_ptr(pfn), len) };
             out.push((offset, bytes));
             offset += len as u64;
         }
@@ -208,7 +324,6 @@ impl ReadRequest {
     fn folio_len(&self, pfn: u32) -> usize {
         PAGE_SIZE
             << self
-                .cache
                 .mem
                 .desc(pfn)
                 .order
@@ -220,7 +335,7 @@ impl ReadRequest {
     pub(crate) fn io_vectors(&self) -> Vec<libc::iovec> {
         let mut out: Vec<libc::iovec> = Vec::with_capacity(self.folios.len());
         for &pfn in &self.folios {
-            let base = self.cache.mem.page_ptr(pfn);
+            let base = self.mem.page_ptr(pfn);
             let len = self.folio_len(pfn);
             if let Some(last) = out.last_mut()
                 && last.iov_base.cast::<u8>().wrapping_add(last.iov_len) == base
@@ -245,72 +360,83 @@ impl ReadRequest {
         self.finish(result);
     }
 
+    /// Decides the outcome (once), then ends every folio not ended yet: uptodate, or failed.
+    ///
+    /// Folios are ended one at a time, and `ended` moves past a folio *before* it is unlocked
+    /// and released: if anything panics in here, the `Drop` that follows resumes with the next
+    /// folio and never ends one twice (a second unlock could release someone else's lock, a
+    /// second put a reference it does not own). What `Drop` resumes, it fails.
     fn finish(&mut self, result: io::Result<usize>) {
-        if self.completed {
-            return;
-        }
-        self.completed = true;
-        self.counters.requests.inc();
-        self.counters.bytes.add(self.len as u64);
-        let arrived = match result {
-            Ok(n) => n.min(self.len),
-            Err(error) => {
-                self.counters.errors.inc();
-                self.counters.last_errno.store(
-                    error.raw_os_error().unwrap_or(-1),
-                    crate::sync::Ordering::Relaxed,
-                );
-                0
+        if !self.completed {
+            self.completed = true;
+            self.counters.requests.inc();
+            self.counters.bytes.add(self.len as u64);
+            self.arrived = match result {
+                Ok(n) => n.min(self.len),
+                Err(error) => {
+                    self.counters.errors.inc();
+                    self.counters.last_errno.store(
+                        error.raw_os_error().unwrap_or(-1),
+                        crate::sync::Ordering::Relaxed,
+                    );
+                    0
+                }
+            };
+            self.at_eof = self.offset + self.arrived as u64 >= self.file_size;
+            if self.arrived < self.len && self.at_eof {
+                self.counters.short_at_eof.inc();
             }
-        };
-        let at_eof = self.offset + arrived as u64 >= self.file_size;
-        if arrived < self.len && at_eof {
-            self.counters.short_at_eof.inc();
+            if self.arrived > 0 && self.arrived < self.len && !self.at_eof {
+                // A short read before end of file: the folios it did not reach fail.
+                self.counters.errors.inc();
+                self.counters
+                    .last_errno
+                    .store(libc::EIO, crate::sync::Ordering::Relaxed);
+            }
         }
-        let mut start = 0usize;
-        let mut failed = false;
-        for k in 0..self.folios.len() {
-            let pfn = self.folios[k];
+        while self.ended < self.folios.len() {
+            let pfn = self.folios[self.ended];
             let len = self.folio_len(pfn);
-            let ok = if start + len <= arrived {
+            let start = self.ended_bytes;
+            let ok = if start + len <= self.arrived {
                 true
-            } else if at_eof {
-                let from = arrived.saturating_sub(start);
+            } else if self.at_eof {
+                let from = self.arrived.saturating_sub(start);
                 // SAFETY: as in `targets`: referenced, locked, not uptodate, written only by
                 // this request, which no one else touches now that the I/O has ended.
-                let bytes =
-                    unsafe { std::slice::from_raw_parts_mut(self.cache.mem.page_ptr(pfn), len) };
+                let bytes = unsafe { std::slice::from_raw_parts_mut(self.mem.page_ptr(pfn), len) };
                 bytes[from..].fill(0);
                 true
             } else {
                 false
             };
-            failed |= !ok;
-            let desc = self.cache.mem.desc(pfn);
+            self.ended += 1;
+            self.ended_bytes += len;
+            let desc = self.mem.desc(pfn);
             if ok {
                 desc.flags
                     .fetch_and(!flag::ERROR, crate::sync::Ordering::Relaxed);
             }
             desc.unlock_with(if ok { flag::UPTODATE } else { flag::ERROR });
-            start += len;
-        }
-        if failed && arrived > 0 {
-            // A short read before end of file.
-            self.counters.errors.inc();
-            self.counters
-                .last_errno
-                .store(libc::EIO, crate::sync::Ordering::Relaxed);
-        }
-        for &pfn in &self.folios {
-            self.cache.mem.put(pfn);
+            self.mem.put(pfn);
+            if self.ended == 1 && self.mem.inject.take(&self.mem.inject.completion_panics) {
+                panic!("foliocache: injected panic while completing a read");
+            }
         }
     }
 }
 
 impl Drop for ReadRequest {
     fn drop(&mut self) {
-        // A request lost on the way (a backend that dropped it, an engine shutting down):
-        // fail its folios rather than leave readers waiting on their locks.
+        if self.completed {
+            // A completion that panicked part way: the folios it had not reached yet fail
+            // (their state is not to be trusted), so readers retry them.
+            self.arrived = 0;
+            self.at_eof = false;
+        }
+        // A request lost on the way (a backend that dropped it, an engine shutting down, a
+        // panic while completing): fail its folios rather than leave readers waiting on their
+        // locks.
         self.finish(Err(io::Error::other("read request dropped")));
     }
 }

@@ -1,8 +1,12 @@
-//! The fallback engine: a few threads doing `preadv` (when io_uring is unavailable).
+//! The fallback engine: a few threads doing `preadv`/`pwritev` (when io_uring is unavailable).
+//! A transfer cut short is continued from where it stopped (rounded down to the file's block
+//! size); a panic while completing one is caught, that transfer fails, the worker goes on.
 
-use super::ReadRequest;
+use super::{FileIo, Transfer, next_step, vectors_from};
 use crate::error::Error;
+use crate::inject::Inject;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -12,8 +16,8 @@ const THREADS: usize = 4;
 
 struct Job {
     fd: Arc<OwnedFd>,
-    request: ReadRequest,
-    drop_behind: bool,
+    transfer: Box<dyn Transfer>,
+    io: FileIo,
 }
 
 pub(crate) struct Pool {
@@ -22,15 +26,16 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn start() -> Result<Self, Error> {
+    pub(crate) fn start(inject: Arc<Inject>) -> Result<Self, Error> {
         let (sender, receiver) = channel::<Job>();
         let receiver = Arc::new(Mutex::new(receiver));
         let mut threads = Vec::with_capacity(THREADS);
         for k in 0..THREADS {
             let receiver = Arc::clone(&receiver);
+            let inject = Arc::clone(&inject);
             let thread = std::thread::Builder::new()
                 .name(format!("foliocache-io-{k}"))
-                .spawn(move || worker(&receiver))
+                .spawn(move || worker(&receiver, &inject))
                 .map_err(Error::Engine)?;
             threads.push(thread);
         }
@@ -40,15 +45,15 @@ impl Pool {
         })
     }
 
-    pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, requests: Vec<ReadRequest>, drop_behind: bool) {
+    pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, transfers: Vec<Box<dyn Transfer>>, io: FileIo) {
         let sender = self.sender.lock().unwrap_or_else(PoisonError::into_inner);
-        for request in requests {
+        for transfer in transfers {
             if let Some(sender) = sender.as_ref() {
-                // A send fails only if every worker died; the request then drops and fails.
+                // A send fails only if every worker died; the transfer then drops and fails.
                 let _ = sender.send(Job {
                     fd: Arc::clone(fd),
-                    request,
-                    drop_behind,
+                    transfer,
+                    io,
                 });
             }
         }
@@ -65,7 +70,7 @@ impl Drop for Pool {
         let me = std::thread::current().id();
         for thread in self.threads.drain(..) {
             // The last reference to the cache may be dropped by a worker completing the last
-            // request: it cannot join itself, and it exits on its own.
+            // transfer: it cannot join itself, and it exits on its own.
             if thread.thread().id() != me {
                 let _ = thread.join();
             }
@@ -73,39 +78,63 @@ impl Drop for Pool {
     }
 }
 
-fn worker(receiver: &Mutex<Receiver<Job>>) {
+fn worker(receiver: &Mutex<Receiver<Job>>, inject: &Inject) {
     loop {
         let job = {
             let receiver = receiver.lock().unwrap_or_else(PoisonError::into_inner);
             receiver.recv()
         };
         let Ok(job) = job else { return };
-        let result = read_fully(&job.fd, &job.request);
-        if job.drop_behind {
-            drop_kernel_copy(&job.fd, job.request.offset(), job.request.len());
-        }
-        job.request.complete(result);
+        // A panic while completing drops the job as it unwinds: the transfer's own drop then
+        // fails whatever it had not ended. The worker goes on.
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            let Job { fd, transfer, io } = job;
+            let result = transfer_fully(&fd, &*transfer, io, inject);
+            if io.drop_behind {
+                drop_kernel_copy(&fd, transfer.offset(), transfer.len());
+            }
+            transfer.complete(result);
+        }));
     }
 }
 
-/// Reads the request's range with `preadv`, continuing after short reads until it is full or
-/// the file ends.
-fn read_fully(fd: &OwnedFd, request: &ReadRequest) -> std::io::Result<usize> {
-    let mut vectors = request.io_vectors();
+/// Moves the transfer's bytes with `preadv`/`pwritev`, continuing after short transfers until
+/// it is whole (or a read reaches the end of the file).
+fn transfer_fully(
+    fd: &OwnedFd,
+    transfer: &dyn Transfer,
+    io: FileIo,
+    inject: &Inject,
+) -> std::io::Result<usize> {
+    let all = transfer.io_vectors();
     let mut done = 0usize;
-    let mut first = 0usize;
-    while first < vectors.len() {
-        let count = (vectors.len() - first).min(1024);
-        // SAFETY: the vectors describe the request's folios, which the request keeps
-        // referenced, locked and not uptodate until it completes (after this call returns):
-        // only this read writes them and nobody reads them (see `ReadRequest::targets`).
-        let n = unsafe {
-            libc::preadv(
-                fd.as_raw_fd(),
-                vectors[first..].as_ptr(),
-                count as libc::c_int,
-                (request.offset() + done as u64) as libc::off_t,
-            )
+    loop {
+        let vectors = vectors_from(&all, done);
+        let offset = (transfer.offset() + done as u64) as libc::off_t;
+        let n = if transfer.is_write() {
+            // SAFETY: the vectors describe the transfer's folios, which it keeps referenced
+            // and unchanged until it completes (after this call returns); the kernel only
+            // reads them.
+            unsafe {
+                libc::pwritev(
+                    fd.as_raw_fd(),
+                    vectors.as_ptr(),
+                    vectors.len() as libc::c_int,
+                    offset,
+                )
+            }
+        } else {
+            // SAFETY: the vectors describe the transfer's folios, which it keeps referenced,
+            // locked and not uptodate until it completes (after this call returns): only this
+            // read writes them and nobody reads them (see `ReadRequest::targets`).
+            unsafe {
+                libc::preadv(
+                    fd.as_raw_fd(),
+                    vectors.as_ptr(),
+                    vectors.len() as libc::c_int,
+                    offset,
+                )
+            }
         };
         if n < 0 {
             let error = std::io::Error::last_os_error();
@@ -114,25 +143,24 @@ fn read_fully(fd: &OwnedFd, request: &ReadRequest) -> std::io::Result<usize> {
             }
             return Err(error);
         }
-        if n == 0 {
-            break; // end of file
+        let mut moved = n as usize;
+        if inject.take(&inject.io_errors) {
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
-        let mut n = n as usize;
-        done += n;
-        // Skip the vectors consumed and trim a partly filled one.
-        while n > 0 && first < vectors.len() {
-            let vector = &mut vectors[first];
-            if n >= vector.iov_len {
-                n -= vector.iov_len;
-                first += 1;
-            } else {
-                vector.iov_base = vector.iov_base.cast::<u8>().wrapping_add(n).cast();
-                vector.iov_len -= n;
-                n = 0;
-            }
+        if transfer.is_write() && inject.take(&inject.nospace_errors) {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        if moved > 0 && inject.take(&inject.short_transfers) {
+            let short = inject
+                .short_bytes
+                .load(std::sync::atomic::Ordering::Relaxed);
+            moved = moved.min(usize::try_from(short).unwrap_or(usize::MAX));
+        }
+        match next_step(transfer, io, done, moved)? {
+            Some(restart) => done = restart,
+            None => return Ok((done + moved).min(transfer.len())),
         }
     }
-    Ok(done)
 }
 
 /// Drops the kernel's cached copy of a range read in buffered mode (no double caching).

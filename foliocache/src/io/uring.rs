@@ -1,11 +1,23 @@
-//! The io_uring engine: one ring per cache. Readers push one `READV` per request and submit
-//! the whole readahead batch with one `io_uring_enter`; a completion thread (the kernel's
-//! interrupt handler, in effect) reaps completions and ends the reads.
+//! The io_uring engine: one ring per cache. Submitters push one `READV` or `WRITEV` per
+//! transfer and submit a whole batch with one `io_uring_enter`; a completion thread (the
+//! kernel's interrupt handler, in effect) reaps completions and ends the transfers.
+//!
+//! A transfer cut short (a device may move fewer bytes than asked, and a `readv` takes at most
+//! [`MAX_IOVECS`](super::MAX_IOVECS) vectors) is continued by the completion thread with a new
+//! entry from where it stopped (rounded down to the file's block size, as O_DIRECT requires),
+//! never with a blocking call that would hold up every other completion. A panic while
+//! completing a transfer is caught: that transfer's folios fail (their readers get an error)
+//! and the thread goes on serving the others.
+//!
+//! The completion thread never blocks on the submission lock: a submitter holding it may be
+//! waiting for the completion queue to drain, which is this thread's job. Continuations that
+//! find the lock taken wait in a local list and are pushed on the next turn.
 
-use super::ReadRequest;
-use super::threads::drop_kernel_copy;
-use io_uring::{IoUring, opcode, types};
+use super::{FileIo, Transfer, next_step, vectors_from};
+use crate::inject::Inject;
+use io_uring::{IoUring, opcode, squeue, types};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -15,12 +27,41 @@ const RING_ENTRIES: u32 = 256;
 /// `user_data` of the no-op that wakes the completion thread for shutdown.
 const WAKE: u64 = u64::MAX;
 
-/// One read in flight: owns its request, its vectors and the file until the completion.
+/// One transfer in flight: owns the transfer, its vectors and the file until it completes.
 struct InFlight {
-    request: ReadRequest,
-    vectors: Vec<libc::iovec>,
+    transfer: Box<dyn Transfer>,
+    /// Every vector of the transfer.
+    all: Vec<libc::iovec>,
+    /// The vectors of the entry in flight now (from `done` on, at most `MAX_IOVECS`).
+    current: Vec<libc::iovec>,
+    /// Bytes moved by earlier entries of this transfer.
+    done: usize,
     fd: Arc<OwnedFd>,
-    drop_behind: bool,
+    io: FileIo,
+}
+
+// SAFETY: the raw pointers in the vectors point into folio memory that the transfer keeps
+// referenced (and locked, or stable under writeback) until it completes; `InFlight` moves
+// between the submitter and the completion thread whole, and only one of them uses it at a
+// time.
+unsafe impl Send for InFlight {}
+
+impl InFlight {
+    /// The ring entry for the vectors in `current`.
+    fn entry(&self) -> squeue::Entry {
+        let fd = types::Fd(self.fd.as_raw_fd());
+        let offset = self.transfer.offset() + self.done as u64;
+        let count = self.current.len() as u32;
+        if self.transfer.is_write() {
+            opcode::Writev::new(fd, self.current.as_ptr(), count)
+                .offset(offset)
+                .build()
+        } else {
+            opcode::Readv::new(fd, self.current.as_ptr(), count)
+                .offset(offset)
+                .build()
+        }
+    }
 }
 
 struct Shared {
@@ -29,6 +70,29 @@ struct Shared {
     submit_lock: Mutex<()>,
     in_flight: AtomicUsize,
     shutdown: AtomicBool,
+    inject: Arc<Inject>,
+}
+
+impl Shared {
+    /// Pushes one transfer's entry; the caller holds `submit_lock`.
+    fn push(&self, op: Box<InFlight>) {
+        let entry = op.entry();
+        let user_data = Box::into_raw(op) as u64;
+        let entry = entry.user_data(user_data);
+        loop {
+            // SAFETY: the caller holds `submit_lock`, so this is the only submission queue in
+            // existence (the completion thread takes the lock too before pushing). The entry's
+            // vectors and the folio memory they point to live in the boxed `InFlight`, which is
+            // only reclaimed by the completion thread after the kernel posted this entry's
+            // completion; the fd is kept open by the same box.
+            let pushed = unsafe { self.ring.submission_shared().push(&entry).is_ok() };
+            if pushed {
+                return;
+            }
+            // The queue is full: hand what is queued to the kernel and retry.
+            let _ = self.ring.submit();
+        }
+    }
 }
 
 pub(crate) struct Uring {
@@ -37,7 +101,7 @@ pub(crate) struct Uring {
 }
 
 impl Uring {
-    pub(crate) fn start() -> std::io::Result<Self> {
+    pub(crate) fn start(inject: Arc<Inject>) -> std::io::Result<Self> {
         let ring = IoUring::builder()
             .setup_cqsize(RING_ENTRIES * 2)
             .build(RING_ENTRIES)?;
@@ -46,6 +110,7 @@ impl Uring {
             submit_lock: Mutex::new(()),
             in_flight: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
+            inject,
         });
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -57,8 +122,8 @@ impl Uring {
         })
     }
 
-    pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, requests: Vec<ReadRequest>, drop_behind: bool) {
-        if requests.is_empty() {
+    pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, transfers: Vec<Box<dyn Transfer>>, io: FileIo) {
+        if transfers.is_empty() {
             return;
         }
         let shared = &self.shared;
@@ -66,38 +131,18 @@ impl Uring {
             .submit_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for request in requests {
-            let vectors = request.io_vectors();
-            let offset = request.offset();
-            let op = Box::new(InFlight {
-                request,
-                vectors,
-                fd: Arc::clone(fd),
-                drop_behind,
-            });
-            let entry = opcode::Readv::new(
-                types::Fd(op.fd.as_raw_fd()),
-                op.vectors.as_ptr(),
-                op.vectors.len() as u32,
-            )
-            .offset(offset)
-            .build();
-            let user_data = Box::into_raw(op) as u64;
-            let entry = entry.user_data(user_data);
+        for transfer in transfers {
+            let all = transfer.io_vectors();
+            let current = vectors_from(&all, 0);
             shared.in_flight.fetch_add(1, Ordering::Relaxed);
-            loop {
-                // SAFETY: `submit_lock` is held, so this is the only submission queue in
-                // existence (the completion thread never touches it). The entry's vectors and
-                // the folio memory they point to live in the boxed `InFlight`, which is only
-                // reclaimed by the completion thread after the kernel posted this entry's
-                // completion; the fd is kept open by the same box.
-                let pushed = unsafe { shared.ring.submission_shared().push(&entry).is_ok() };
-                if pushed {
-                    break;
-                }
-                // The queue is full: hand what is queued to the kernel and retry.
-                let _ = shared.ring.submit();
-            }
+            shared.push(Box::new(InFlight {
+                transfer,
+                all,
+                current,
+                done: 0,
+                fd: Arc::clone(fd),
+                io,
+            }));
         }
         while let Err(error) = shared.ring.submit() {
             // EBUSY/EAGAIN: completions must be reaped first (the completion thread does),
@@ -133,7 +178,7 @@ impl Drop for Uring {
         }
         if let Some(thread) = self.thread.take() {
             // The completion thread may be the one dropping the cache (completing the last
-            // read released it): it cannot join itself, and it exits on its own.
+            // transfer released it): it cannot join itself, and it exits on its own.
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();
             }
@@ -143,13 +188,24 @@ impl Drop for Uring {
 
 fn complete_loop(shared: &Shared) {
     let mut done: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize * 2);
+    // Continuations waiting for the submission lock.
+    let mut pending: Vec<Box<InFlight>> = Vec::new();
     loop {
         if shared.shutdown.load(Ordering::Acquire) && shared.in_flight.load(Ordering::Acquire) == 0
         {
             return;
         }
-        // Wait for at least one completion (this also submits anything left queued).
-        if let Err(error) = shared.ring.submit_and_wait(1)
+        if !pending.is_empty()
+            && let Ok(_guard) = shared.submit_lock.try_lock()
+        {
+            for op in pending.drain(..) {
+                shared.push(op);
+            }
+        }
+        let wait = if pending.is_empty() { 1 } else { 0 };
+        // Wait for at least one completion (this also submits anything left queued); with
+        // continuations still to push, only submit and come back.
+        if let Err(error) = shared.ring.submit_and_wait(wait)
             && !matches!(
                 error.raw_os_error(),
                 Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
@@ -162,80 +218,76 @@ fn complete_loop(shared: &Shared) {
             let completions = unsafe { shared.ring.completion_shared() };
             done.extend(completions.map(|cqe| (cqe.user_data(), cqe.result())));
         }
+        if done.is_empty() && !pending.is_empty() {
+            std::thread::yield_now();
+        }
         for (user_data, result) in done.drain(..) {
             if user_data == WAKE {
                 continue;
             }
-            // SAFETY: every other `user_data` is a pointer from `Box::into_raw` in `submit`,
-            // and the kernel posts exactly one completion per entry, so it is reclaimed once.
+            // SAFETY: every other `user_data` is a pointer from `Box::into_raw` in `push`, and
+            // the kernel posts exactly one completion per entry, so it is reclaimed once.
             let op = unsafe { Box::from_raw(user_data as *mut InFlight) };
-            let InFlight {
-                request,
-                vectors,
-                fd,
-                drop_behind,
-            } = *op;
-            drop(vectors);
-            if drop_behind {
-                drop_kernel_copy(&fd, request.offset(), request.len());
+            // A panic while completing drops `op` as it unwinds: the transfer's own drop then
+            // fails whatever it had not ended. This thread goes on.
+            let next = catch_unwind(AssertUnwindSafe(|| step(&shared.inject, op, result)));
+            match next {
+                Ok(Some(op)) => {
+                    match shared.submit_lock.try_lock() {
+                        Ok(_guard) => shared.push(op),
+                        Err(_) => pending.push(op),
+                    }
+                    continue;
+                }
+                Ok(None) | Err(_) => {
+                    shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+                }
             }
-            let result = if result < 0 {
-                Err(std::io::Error::from_raw_os_error(-result))
-            } else {
-                Ok(result as usize)
-            };
-            let result = match result {
-                // A short read before end of file (rare with O_DIRECT): finish it with plain
-                // reads rather than fail the folios.
-                Ok(n) if n < request.len() => finish_short(&fd, &request, n),
-                other => other,
-            };
-            request.complete(result);
-            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
-/// Completes a short read synchronously: reads the rest with `pread` until the request is full
-/// or the file ends.
-fn finish_short(fd: &OwnedFd, request: &ReadRequest, mut done: usize) -> std::io::Result<usize> {
-    let vectors = request.io_vectors();
-    while done < request.len() {
-        // Find the vector holding byte `done`.
-        let mut skip = done;
-        let Some(vector) = vectors.iter().find(|v| {
-            if skip < v.iov_len {
-                true
-            } else {
-                skip -= v.iov_len;
-                false
-            }
-        }) else {
-            break;
-        };
-        let base = vector.iov_base.cast::<u8>().wrapping_add(skip);
-        let len = vector.iov_len - skip;
-        // SAFETY: `base..base + len` lies inside one of the request's folios, which are
-        // referenced, locked and not uptodate until the request completes (after this
-        // returns): only this read writes them (see `ReadRequest::targets`).
-        let n = unsafe {
-            libc::pread(
-                fd.as_raw_fd(),
-                base.cast(),
-                len,
-                (request.offset() + done as u64) as libc::off_t,
-            )
-        };
-        match n {
-            0 => break,
-            n if n < 0 => {
-                let error = std::io::Error::last_os_error();
-                if error.kind() != std::io::ErrorKind::Interrupted {
-                    return Err(error);
-                }
-            }
-            n => done += n as usize,
+/// Handles one completion of `op`: completes the transfer, or returns it set up for its
+/// next entry (a continuation after a short transfer).
+fn step(inject: &Inject, mut op: Box<InFlight>, result: i32) -> Option<Box<InFlight>> {
+    let mut result = result;
+    if inject.take(&inject.io_errors) {
+        result = -libc::EIO;
+    } else if op.transfer.is_write() && inject.take(&inject.nospace_errors) {
+        result = -libc::ENOSPC;
+    } else if result > 0 && inject.take(&inject.short_transfers) {
+        let short = inject.short_bytes.load(Ordering::Relaxed);
+        result = result.min(i32::try_from(short).unwrap_or(i32::MAX));
+    }
+    let outcome = match result {
+        r if r == -libc::EINTR || r == -libc::EAGAIN => Ok(Some(op.done)),
+        r if r < 0 => Err(std::io::Error::from_raw_os_error(-r)),
+        moved => next_step(&*op.transfer, op.io, op.done, moved as usize),
+    };
+    match outcome {
+        Ok(Some(restart)) => {
+            op.done = restart;
+            op.current = vectors_from(&op.all, restart);
+            Some(op)
+        }
+        Ok(None) => {
+            let moved = (op.done + result.max(0) as usize).min(op.transfer.len());
+            finish(*op, Ok(moved));
+            None
+        }
+        Err(error) => {
+            finish(*op, Err(error));
+            None
         }
     }
-    Ok(done)
+}
+
+fn finish(op: InFlight, result: std::io::Result<usize>) {
+    let InFlight {
+        transfer, fd, io, ..
+    } = op;
+    if io.drop_behind {
+        super::threads::drop_kernel_copy(&fd, transfer.offset(), transfer.len());
+    }
+    transfer.complete(result);
 }

@@ -36,10 +36,10 @@ pub mod flag {
     pub const ACTIVE: u32 = 1 << 5;
     /// Reading it failed.
     pub const ERROR: u32 = 1 << 6;
-    /// Reserved for a write-back path.
+    /// The folio holds data newer than the file on storage (the write path).
     pub const DIRTY: u32 = 1 << 7;
-    /// The bits [`FolioRef::set`](super::FolioRef::set) and `clear` may change.
-    pub(crate) const SETTABLE: u32 = READAHEAD | WORKINGSET | REFERENCED | ACTIVE | ERROR | DIRTY;
+    /// The bits `FolioRef::set` and `clear` may change.
+    pub(crate) const SETTABLE: u32 = READAHEAD | WORKINGSET | REFERENCED | ACTIVE | ERROR;
     /// Someone is parked waiting for LOCKED to clear (internal).
     pub(crate) const WAITERS: u32 = 1 << 8;
     /// Has been in an index: optimistic readers may know it, so its memory is returned only
@@ -138,7 +138,9 @@ impl FolioDesc {
 /// Dropping it drops the reference (and frees the folio if it was the last one).
 ///
 /// A reference pins the folio's memory, not its place in a mapping: a referenced folio can still
-/// be truncated out of its mapping (its [`mapping_id`](Self::mapping_id) then reads 0).
+/// be truncated out of its mapping (its [`mapping_id`](Self::mapping_id) then reads 0). It gives
+/// read-only access: the bytes once uptodate, the folio's identity and flags. Filling a folio
+/// takes its lock, which only a [`LockedFolio`] guard holds.
 pub struct FolioRef<'m> {
     pub(crate) mem: &'m Memory,
     pub(crate) pfn: u32,
@@ -196,11 +198,9 @@ impl<'m> FolioRef<'m> {
         self.desc().index.load(Ordering::Acquire)
     }
 
-    /// The folio's first byte. The bytes may be read through this pointer while the folio is
-    /// uptodate (prefer [`bytes`](Self::bytes)), and written only by the thread that holds the
-    /// folio's lock while it is not uptodate, or by the owner of a folio that is in no mapping
-    /// yet. An uptodate folio must never be written: readers rely on it being immutable.
-    pub fn as_ptr(&self) -> *mut u8 {
+    /// The folio's first byte in the arena (crate-internal: the I/O engines hand it to the
+    /// kernel while the folio is locked and not uptodate).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.mem.page_ptr(self.pfn)
     }
 
@@ -217,7 +217,9 @@ impl<'m> FolioRef<'m> {
         }
         // SAFETY: the folio spans `len()` bytes of the arena from `as_ptr()`; the reference
         // keeps it allocated; it is uptodate (acquire: its fill happened before), and nothing
-        // writes an uptodate folio (see above), so a shared slice is sound.
+        // writes an uptodate folio (see above: UPTODATE is never cleared while the folio is
+        // referenced, and no safe API hands out its bytes mutably once it is set), so a shared
+        // slice is sound.
         Some(unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) })
     }
 
@@ -225,7 +227,7 @@ impl<'m> FolioRef<'m> {
     /// where the previous one ends), as one slice; `None` if the run is empty, not adjacent or
     /// not all uptodate. A sequentially written file is mostly laid out this way, so a reader
     /// can copy many folios with one `memcpy`.
-    pub fn contiguous_bytes<'a>(run: &'a [FolioRef<'m>]) -> Option<&'a [u8]> {
+    pub(crate) fn contiguous_bytes<'a>(run: &'a [FolioRef<'m>]) -> Option<&'a [u8]> {
         let first = run.first()?;
         let mut len = 0usize;
         for (k, folio) in run.iter().enumerate() {
@@ -243,33 +245,12 @@ impl<'m> FolioRef<'m> {
         Some(unsafe { std::slice::from_raw_parts(first.as_ptr(), len) })
     }
 
-    /// The bytes of a *private* folio, for filling it before it is inserted anywhere.
-    ///
-    /// Contract (crate-internal callers): `self` came from `alloc_folio`, was never inserted
-    /// into a mapping nor cloned, and is not uptodate. Then no other thread can access its
-    /// bytes: a stale speculative reader may touch its *count*, but reads bytes only after
-    /// re-validating against an index slot, and no slot holds this folio.
-    pub(crate) fn private_bytes_mut(&mut self) -> &mut [u8] {
-        debug_assert_eq!(self.mapping_id(), 0, "not a private folio");
-        debug_assert!(!self.is_uptodate(), "an uptodate folio is immutable");
-        // SAFETY: per the contract above the caller has exclusive access to these bytes for
-        // the lifetime of the `&mut self` borrow; the range is inside the arena.
-        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) }
-    }
-
-    /// Marks a private folio uptodate after filling it (before it is inserted).
-    pub(crate) fn mark_uptodate(&self) {
-        self.desc()
-            .flags
-            .fetch_or(flag::UPTODATE, Ordering::Release);
-    }
-
     /// Current number of references (0 if frozen), for tests and statistics.
     pub fn ref_count(&self) -> u32 {
         self.desc().refcount.count(self.mem.policy)
     }
 
-    /// All public flag bits (the [`flag`] constants; internal bookkeeping bits are masked).
+    /// All public flag bits (the `raw::flag` constants; internal bookkeeping bits are masked).
     pub fn flags(&self) -> u32 {
         self.desc().flags.load(Ordering::Acquire) & !flag::INTERNAL
     }
@@ -279,18 +260,17 @@ impl<'m> FolioRef<'m> {
         self.flags() & bits == bits
     }
 
-    /// Sets flag bits among READAHEAD, WORKINGSET, REFERENCED, ACTIVE, ERROR and DIRTY; other
-    /// bits are ignored (LOCKED has [`lock`](Self::lock), UPTODATE is set by
-    /// [`end_read`](Self::end_read), the rest are internal).
-    pub fn set(&self, bits: u32) {
+    /// Sets bookkeeping flag bits among READAHEAD, WORKINGSET, REFERENCED, ACTIVE and ERROR
+    /// (others are ignored: LOCKED belongs to the lock guard, UPTODATE to the end of a fill,
+    /// DIRTY and WRITEBACK to the write path).
+    pub(crate) fn set(&self, bits: u32) {
         self.desc()
             .flags
             .fetch_or(bits & flag::SETTABLE, Ordering::Release);
     }
 
-    /// Clears flag bits among the same ones as [`set`](Self::set) (never UPTODATE: an uptodate
-    /// folio stays so, which lock-free readers rely on); returns whether any was set.
-    pub fn clear(&self, bits: u32) -> bool {
+    /// Clears flag bits among the same ones as [`set`](Self::set); returns whether any was set.
+    pub(crate) fn clear(&self, bits: u32) -> bool {
         let bits = bits & flag::SETTABLE;
         self.desc().flags.fetch_and(!bits, Ordering::AcqRel) & bits != 0
     }
@@ -301,33 +281,35 @@ impl<'m> FolioRef<'m> {
     }
 
     /// Takes the folio lock, sleeping on a hashed wait queue while another thread holds it.
-    pub fn lock(&self) {
+    pub(crate) fn lock(&self) -> LockedFolio<'m> {
         self.desc().lock();
+        LockedFolio {
+            folio: Some(self.clone()),
+        }
     }
 
     /// Takes the folio lock if it is free.
-    pub fn try_lock(&self) -> bool {
-        self.desc().try_lock()
+    pub(crate) fn try_lock(&self) -> Option<LockedFolio<'m>> {
+        self.desc().try_lock().then(|| LockedFolio {
+            folio: Some(self.clone()),
+        })
     }
 
-    /// Releases the folio lock and wakes its waiters.
-    pub fn unlock(&self) {
-        self.desc().unlock_with(0);
+    /// Whether the folio lock is held (by anyone).
+    pub fn is_locked(&self) -> bool {
+        self.desc().is_locked()
     }
 
-    /// Ends a fill: marks the folio uptodate (or failed) and unlocks it, waking waiters.
-    pub fn end_read(&self, success: bool) {
-        let bit = if success { flag::UPTODATE } else { flag::ERROR };
-        self.desc().unlock_with(bit);
-    }
-
-    /// Sleeps until the folio is unlocked.
+    /// Sleeps until the folio is unlocked (a fill in flight has ended).
     pub fn wait_unlocked(&self) {
         self.desc().wait_unlocked();
     }
 }
 
 impl Clone for FolioRef<'_> {
+    /// Takes another reference. Like `Arc::clone`, it aborts the process if the count would
+    /// reach [`MAX_REFS`](super::refcount::MAX_REFS): only leaked references (forgotten
+    /// clones) can get there, and going on would set the frozen bit or wrap the count.
     fn clone(&self) -> Self {
         self.desc().refcount.get();
         Self {
@@ -340,5 +322,177 @@ impl Clone for FolioRef<'_> {
 impl Drop for FolioRef<'_> {
     fn drop(&mut self) {
         self.mem.put(self.pfn);
+    }
+}
+
+/// A folio fresh from the allocator: in no mapping and known to no one else, so its owner may
+/// write its bytes freely. It becomes visible only by being inserted into a mapping, which
+/// consumes it (and returns a [`LockedFolio`] when the insertion leaves it locked for a fill).
+pub struct NewFolio<'m> {
+    pub(crate) folio: FolioRef<'m>,
+}
+
+impl std::fmt::Debug for NewFolio<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewFolio")
+            .field("id", &self.folio.pfn)
+            .field("order", &self.folio.order())
+            .finish()
+    }
+}
+
+impl<'m> NewFolio<'m> {
+    /// The folio's id.
+    pub fn id(&self) -> u32 {
+        self.folio.pfn
+    }
+
+    /// log2 of the number of pages.
+    pub fn order(&self) -> u8 {
+        self.folio.order()
+    }
+
+    /// Number of 4 KiB pages.
+    pub fn nr_pages(&self) -> usize {
+        self.folio.nr_pages()
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.folio.len()
+    }
+
+    /// Never true (a folio has at least one page).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The folio's bytes, to fill before it is inserted anywhere.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: a `NewFolio` comes only from the allocator and is consumed by insertion: the
+        // folio is in no mapping and no index slot holds it, so no reader can validate a
+        // reference to it and read its bytes (a stale speculative reader may touch its
+        // *count*, never its bytes). `&mut self` makes this borrow exclusive, and the range is
+        // the folio's own inside the arena.
+        unsafe { std::slice::from_raw_parts_mut(self.folio.as_ptr(), self.folio.len()) }
+    }
+
+    /// Marks the bytes valid: once inserted, readers may copy them. (Nothing is visible yet:
+    /// the folio stays private until inserted.)
+    pub fn mark_uptodate(&mut self) {
+        self.folio
+            .desc()
+            .flags
+            .fetch_or(flag::UPTODATE, Ordering::Release);
+    }
+
+    /// Whether [`mark_uptodate`](Self::mark_uptodate) was called.
+    pub fn is_uptodate(&self) -> bool {
+        self.folio.is_uptodate()
+    }
+
+    /// Sets bookkeeping flags before insertion (the READAHEAD mark).
+    pub(crate) fn set(&self, bits: u32) {
+        self.folio.set(bits);
+    }
+
+    pub(crate) fn as_ref(&self) -> &FolioRef<'m> {
+        &self.folio
+    }
+}
+
+/// The folio lock, held: whoever locked a folio, or inserted one that stays locked, holds this
+/// guard, and only this guard can fill the folio, end its read or unlock it. Nothing reachable
+/// from a lookup can, so no one can mark a folio uptodate while another thread still writes it,
+/// or unlock it under a fill in progress.
+///
+/// Dropping the guard unlocks the folio without changing its state (a fill that did not happen
+/// leaves the folio not uptodate; the next reader reads it).
+///
+/// ```compile_fail
+/// # use foliocache::Cache;
+/// let cache = Cache::builder().capacity(1 << 20).build().unwrap();
+/// let file = cache.create_memory_file(0).unwrap();
+/// file.write_at(b"hello", 0).unwrap();
+/// let found = foliocache::raw::mapping(&file).lookup(0).unwrap();
+/// found.end_read(true); // a lookup's reference cannot end a read: it holds no lock
+/// ```
+pub struct LockedFolio<'m> {
+    /// Always `Some` until the guard is consumed.
+    folio: Option<FolioRef<'m>>,
+}
+
+impl std::fmt::Debug for LockedFolio<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("LockedFolio").field(&self.folio).finish()
+    }
+}
+
+impl<'m> LockedFolio<'m> {
+    /// A guard for a folio whose lock the caller just took (and whose reference it gives).
+    pub(crate) fn from_locked(folio: FolioRef<'m>) -> Self {
+        debug_assert!(folio.desc().is_locked());
+        Self { folio: Some(folio) }
+    }
+
+    /// The folio (read-only: id, index, flags).
+    pub fn folio(&self) -> &FolioRef<'m> {
+        self.folio.as_ref().expect("a live guard holds its folio")
+    }
+
+    /// The bytes to fill, while the folio is not uptodate (`None` once it is: uptodate folios
+    /// are immutable).
+    pub fn bytes_mut(&mut self) -> Option<&mut [u8]> {
+        let folio = self.folio();
+        if folio.is_uptodate() {
+            return None;
+        }
+        let (ptr, len) = (folio.as_ptr(), folio.len());
+        // SAFETY: this guard holds the folio's lock and a reference. While locked and not
+        // uptodate, only the lock holder writes the bytes and nobody reads them (readers copy
+        // only uptodate folios; optimistic readers check UPTODATE before and after copying and
+        // give up on a folio that is not). UPTODATE can only be set by this guard, and
+        // `&mut self` makes the borrow exclusive and keeps it from outliving the guard.
+        Some(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
+    }
+
+    /// Ends a fill: marks the folio uptodate (`ok`) or failed (ERROR), unlocks it and wakes its
+    /// waiters. Returns the reference.
+    pub fn end_read(mut self, ok: bool) -> FolioRef<'m> {
+        let folio = self.folio.take().expect("a live guard holds its folio");
+        let bit = if ok { flag::UPTODATE } else { flag::ERROR };
+        if ok {
+            folio
+                .desc()
+                .flags
+                .fetch_and(!flag::ERROR, Ordering::Relaxed);
+        }
+        folio.desc().unlock_with(bit);
+        folio
+    }
+
+    /// Unlocks without changing the folio's state; returns the reference.
+    pub fn unlock(mut self) -> FolioRef<'m> {
+        let folio = self.folio.take().expect("a live guard holds its folio");
+        folio.desc().unlock_with(0);
+        folio
+    }
+
+    /// Gives up the guard but keeps the lock and the reference, for an I/O request that will
+    /// end the read (`ReadRequest`); returns the folio's id.
+    pub(crate) fn into_locked_id(mut self) -> u32 {
+        let folio = self.folio.take().expect("a live guard holds its folio");
+        let pfn = folio.pfn;
+        // The reference now belongs to the request, which drops it when it completes.
+        std::mem::forget(folio);
+        pfn
+    }
+}
+
+impl Drop for LockedFolio<'_> {
+    fn drop(&mut self) {
+        if let Some(folio) = self.folio.take() {
+            folio.desc().unlock_with(0);
+        }
     }
 }

@@ -14,19 +14,20 @@
 
 pub(crate) mod arena;
 pub(crate) mod buddy;
-pub mod epoch;
+pub(crate) mod epoch;
 pub(crate) mod folio;
 pub(crate) mod grace;
 pub(crate) mod lru;
 pub(crate) mod optimistic;
-pub mod refcount;
+pub(crate) mod refcount;
 mod wait;
 
 use crate::error::Error;
+use crate::inject::Inject;
 use arena::Arena;
 use buddy::Buddy;
 use folio::FolioDesc;
-pub use folio::{FolioRef, flag};
+pub use folio::{FolioRef, LockedFolio, NewFolio, flag};
 use grace::Grace;
 pub(crate) use grace::ReadGuard;
 use refcount::RefcountPolicy;
@@ -41,7 +42,7 @@ use std::time::Duration;
 /// Size of a page, the unit of the arena and of page indexes.
 pub const PAGE_SIZE: usize = 4096;
 /// log2 of [`PAGE_SIZE`].
-pub const PAGE_SHIFT: u32 = 12;
+pub(crate) const PAGE_SHIFT: u32 = 12;
 /// The largest folio order (2 MiB folios), as the kernel's PMD order on x86-64.
 pub const MAX_ORDER: u8 = 9;
 
@@ -58,6 +59,8 @@ pub(crate) struct Memory {
     reserve: IndexReserve,
     pub(crate) policy: RefcountPolicy,
     pub(crate) max_order: u8,
+    /// Faults armed by tests (`raw::Injector`), shared with the I/O engine.
+    pub(crate) inject: Arc<Inject>,
 }
 
 /// Arena pages set aside to pay for index nodes, which live on the heap: while the reserve
@@ -138,6 +141,7 @@ impl Memory {
             arena,
             policy,
             max_order,
+            inject: Arc::default(),
         })
     }
 
@@ -211,12 +215,15 @@ impl Memory {
     }
 
     /// Allocates a private folio of `2^order` pages with one reference (the caller's).
-    pub(crate) fn alloc_folio(&self, order: u8) -> Result<FolioRef<'_>, Error> {
+    pub(crate) fn alloc_folio(&self, order: u8) -> Result<NewFolio<'_>, Error> {
         if order > self.max_order {
             return Err(Error::OrderTooLarge {
                 order,
                 max: self.max_order,
             });
+        }
+        if self.inject.take(&self.inject.alloc_failures) {
+            return Err(Error::NoMemory { order });
         }
         self.settle_index_reserve();
         let pfn = match self.grace.buddy().alloc(order) {
@@ -244,7 +251,9 @@ impl Memory {
         // Release: a speculative getter whose increment lands after this sees the fields above
         // and everything that happened before the block was freed.
         desc.refcount.init();
-        Ok(FolioRef { mem: self, pfn })
+        Ok(NewFolio {
+            folio: FolioRef { mem: self, pfn },
+        })
     }
 
     /// Takes a speculative reference on folio `pfn` unless it is free or frozen. The caller

@@ -100,6 +100,7 @@ impl RefCount {
             RefcountPolicy::FrozenBit => {
                 let now = self.0.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
                 if now & FROZEN == 0 {
+                    check_overflow(now);
                     return true;
                 }
                 self.reset_garbage(now);
@@ -111,6 +112,7 @@ impl RefCount {
                     if current == 0 {
                         return false;
                     }
+                    check_overflow(current.wrapping_add(1));
                     match self.0.compare_exchange_weak(
                         current,
                         current + 1,
@@ -144,6 +146,7 @@ impl RefCount {
     pub fn get(&self) {
         let before = self.0.fetch_add(1, Ordering::Relaxed);
         debug_assert!(before != 0 && before & FROZEN == 0, "get on a dead folio");
+        check_overflow(before.wrapping_add(1));
     }
 
     /// Drops a reference. Returns `true` for exactly one caller: the one that dropped the last
@@ -211,6 +214,30 @@ impl RefCount {
     pub fn raw(&self) -> u32 {
         self.0.load(Ordering::Acquire)
     }
+}
+
+/// The most references a folio may have. Like `std::sync::Arc`, taking a reference beyond it
+/// aborts the process: only leaked references (forgotten guards) can get there, and going on
+/// would set the frozen bit (lookups of the folio would then spin forever) or, past 2^32,
+/// wrap the count to a live-looking small value (a use after free). The limit is far below
+/// either, and checking it costs one compare on a value already in a register.
+pub const MAX_REFS: u32 = 1 << 30;
+
+/// Aborts if a count just taken is above [`MAX_REFS`] (see there).
+#[inline]
+fn check_overflow(count: u32) {
+    if count > MAX_REFS {
+        overflow_abort();
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn overflow_abort() -> ! {
+    eprintln!(
+        "foliocache: a folio reference count passed {MAX_REFS} (leaked references); aborting"
+    );
+    std::process::abort();
 }
 
 /// The value of a free or frozen count under `policy`.

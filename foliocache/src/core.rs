@@ -1,0 +1,69 @@
+//! The shared core of one cache: its memory, policies, reclaim state, I/O engine and tunables.
+//!
+//! Everything that works on files (reads, readahead, faults, writes) reaches the cache through
+//! this one value, held by every file in an `Arc`; the public [`Cache`](crate::Cache) is a thin
+//! front over it. It sits below the modules that use it, so dependencies point downward:
+//! `cache` → `file` → `read`/`readahead`/`fault` → `inode` → `core` → `reclaim`/`io`/`mapping`
+//! → `mem`/`index`.
+
+use crate::error::Error;
+use crate::io::{Engine, EngineKind};
+use crate::mem::{Memory, NewFolio};
+use crate::policy::Policy;
+use crate::reclaim::Reclaim;
+use std::sync::{Arc, OnceLock};
+
+/// The shared core of a cache (see the module documentation).
+#[derive(Debug)]
+pub(crate) struct CacheCore {
+    pub(crate) mem: Arc<Memory>,
+    pub(crate) policy: Policy,
+    /// The memory budget in bytes (see `CacheBuilder::capacity`).
+    pub(crate) capacity: u64,
+    pub(crate) reclaim: Reclaim,
+    pub(crate) engine_kind: EngineKind,
+    /// Started on the first file opened from storage.
+    pub(crate) engine: OnceLock<Arc<Engine>>,
+    /// Default maximum readahead window, in pages.
+    pub(crate) ra_pages: u64,
+    /// The device's largest useful request, in pages.
+    pub(crate) io_pages: u64,
+    /// The largest single read readahead submits, in bytes.
+    pub(crate) request_bytes: usize,
+}
+
+/// Pages one eviction pass tries to free at least (so a stream does not evict page by page).
+const EVICT_BATCH_PAGES: u64 = 64;
+
+impl CacheCore {
+    /// The I/O engine, started on first use.
+    pub(crate) fn engine(&self) -> Result<Arc<Engine>, Error> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(Arc::clone(engine));
+        }
+        let started = Arc::new(Engine::start(
+            self.engine_kind,
+            Arc::clone(&self.mem.inject),
+        )?);
+        // Two threads may race to start it: the loser's engine is dropped (it has no work).
+        Ok(Arc::clone(self.engine.get_or_init(|| started)))
+    }
+
+    /// Allocates a folio for readahead or a read, evicting idle folios read from storage when
+    /// the arena is dry.
+    pub(crate) fn alloc_for_readahead(&self, order: u8) -> Result<NewFolio<'_>, Error> {
+        match self.mem.alloc_folio(order) {
+            Err(Error::NoMemory { .. }) => {
+                let want = (1u64 << order).max(EVICT_BATCH_PAGES);
+                if self.reclaim.evict(&self.mem, want) > 0 {
+                    // Evicted folios were published: they come back after a grace period
+                    // (the allocator waits for it briefly).
+                    self.mem.alloc_folio(order)
+                } else {
+                    Err(Error::NoMemory { order })
+                }
+            }
+            other => other,
+        }
+    }
+}
