@@ -111,14 +111,17 @@ impl CacheBuilder {
 
     /// The default maximum readahead window of files opened from this cache, in bytes
     /// (rounded down to pages; 0 disables readahead). Default 128 KiB, the kernel's
-    /// `VM_READAHEAD_PAGES`; a handle can change it ([`crate::Handle::set_ra_bytes`]).
+    /// `VM_READAHEAD_PAGES`; a handle can change it ([`crate::Handle::set_ra_bytes`]). At most
+    /// [`MAX_READAHEAD_BYTES`](crate::MAX_READAHEAD_BYTES) (1 GiB): `build` refuses more (a
+    /// window is planned one folio slot per page before it is read).
     pub fn readahead_bytes(mut self, bytes: u64) -> Self {
         self.ra_bytes = bytes;
         self
     }
 
     /// The largest single read readahead submits, in bytes (rounded down to pages, at least
-    /// one page; default 128 KiB): a window is split into requests of this size.
+    /// one page; default 128 KiB): a window is split into requests of this size. At most
+    /// 64 MiB: `build` refuses more.
     pub fn io_request_bytes(mut self, bytes: usize) -> Self {
         self.request_bytes = bytes;
         self
@@ -126,7 +129,8 @@ impl CacheBuilder {
 
     /// The device's largest useful request in bytes (the kernel's `bdi->io_pages`): a read
     /// larger than the window may read up to this much at once, and `readahead()` reads at
-    /// most the larger of this and the window. Default 2 MiB.
+    /// most the larger of this and the window. Default 2 MiB, at most
+    /// [`MAX_READAHEAD_BYTES`](crate::MAX_READAHEAD_BYTES).
     pub fn max_io_bytes(mut self, bytes: u64) -> Self {
         self.io_bytes = bytes;
         self
@@ -140,7 +144,7 @@ impl CacheBuilder {
         let (pages, capacity, charge_index) = match self.arena_pages {
             Some(pages) => {
                 if pages == 0 || pages as u64 >= u64::from(u32::MAX) {
-                    return Err(Error::InvalidCapacity(pages as u64 * page));
+                    return Err(Error::InvalidCapacity((pages as u64).saturating_mul(page)));
                 }
                 (pages, pages as u64 * per_page, false)
             }
@@ -156,6 +160,20 @@ impl CacheBuilder {
             }
         };
         self.policy.validate()?;
+        let setting = |name: &'static str, value: u64, max: u64| {
+            if value > max {
+                Err(Error::InvalidSetting { name, value, max })
+            } else {
+                Ok(())
+            }
+        };
+        setting("readahead_bytes", self.ra_bytes, MAX_READAHEAD_BYTES)?;
+        setting("max_io_bytes", self.io_bytes, MAX_READAHEAD_BYTES)?;
+        setting(
+            "io_request_bytes",
+            self.request_bytes as u64,
+            MAX_REQUEST_BYTES,
+        )?;
         if self.max_order > MAX_ORDER {
             return Err(Error::OrderTooLarge {
                 order: self.max_order,
@@ -187,6 +205,13 @@ impl CacheBuilder {
         })
     }
 }
+
+/// The largest readahead window (and device request, `max_io_bytes`) a cache accepts: 1 GiB.
+/// [`Handle::set_ra_bytes`](crate::Handle::set_ra_bytes) clamps to it.
+pub const MAX_READAHEAD_BYTES: u64 = 1 << 30;
+
+/// The largest single read request (`io_request_bytes`): 64 MiB.
+const MAX_REQUEST_BYTES: u64 = 64 << 20;
 
 /// The smallest budget [`CacheBuilder::capacity`] accepts.
 const MIN_CAPACITY: u64 = 64 << 10;
@@ -313,13 +338,19 @@ impl Cache {
     }
 
     /// Opens a file whose bytes come from `backend` (a custom source: a test double, a remote
-    /// store). `max_order` limits its folios (default: the cache's).
+    /// store). `max_order` limits its folios (default: the cache's). A backend larger than
+    /// [`MAX_FILE_SIZE`](crate::MAX_FILE_SIZE) is refused.
     pub fn open_backend(
         &self,
         backend: Arc<dyn Backend>,
         max_order: Option<u8>,
     ) -> Result<File, Error> {
         let max_order = self.checked_order(max_order)?;
+        if backend.size() > crate::MAX_FILE_SIZE {
+            return Err(Error::FileTooLarge {
+                offset: backend.size(),
+            });
+        }
         Ok(File::from_inode(Inode::new_disk(
             &self.inner,
             self.new_mapping(),

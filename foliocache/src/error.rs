@@ -12,6 +12,16 @@ pub enum Error {
          at most 16 TiB; got {0} bytes"
     )]
     InvalidCapacity(u64),
+    /// A setting above its largest allowed value.
+    #[error("{name} = {value} is above its largest allowed value, {max}")]
+    InvalidSetting {
+        /// The setting.
+        name: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest allowed.
+        max: u64,
+    },
     /// A folio (or index entry) order above the allowed maximum.
     #[error("order {order} is larger than the maximum {max}")]
     OrderTooLarge {

@@ -113,9 +113,11 @@ impl Region {
         self.mmap_miss
     }
 
-    /// Sets the maximum window in bytes (0 disables readahead for this region).
+    /// Sets the maximum window in bytes (clamped to
+    /// [`MAX_READAHEAD_BYTES`](crate::MAX_READAHEAD_BYTES); 0 disables readahead for this
+    /// region).
     pub fn set_ra_bytes(&mut self, bytes: u64) {
-        self.ra.ra_pages = bytes >> PAGE_SHIFT;
+        self.ra.ra_pages = bytes.min(crate::MAX_READAHEAD_BYTES) >> PAGE_SHIFT;
     }
 
     /// Faults page `index` of the file (`filemap_fault`): returns its folio, uptodate and

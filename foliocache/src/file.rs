@@ -271,8 +271,9 @@ impl Handle {
     /// [`ReadPolicy`] (see [`set_read_policy`](Self::set_read_policy)).
     ///
     /// For a file read from storage, a miss starts readahead (this handle's [`RaState`]) and
-    /// waits for the device; a read error is returned as [`Error::Io`] if no byte could be
-    /// read (otherwise the read is short), and a later read tries again.
+    /// waits for the device. A short count always means end of file: a device error is
+    /// [`Error::Io`], whose `offset` is the first byte not read (the bytes of `buf` before
+    /// `offset - pos` were filled), and a later read of that range tries the device again.
     pub fn read_at(&mut self, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
         if self.file.inner.disk().is_some() {
             return read::read_disk(&self.file.inner, &mut self.ra, buf, pos);
@@ -289,10 +290,11 @@ impl Handle {
         self.ra
     }
 
-    /// Sets this handle's maximum readahead window in bytes (rounded down to pages; 0
-    /// disables readahead), and makes it the one `Advice::Normal` restores.
+    /// Sets this handle's maximum readahead window in bytes (rounded down to pages, clamped to
+    /// [`MAX_READAHEAD_BYTES`](crate::MAX_READAHEAD_BYTES); 0 disables readahead), and makes
+    /// it the one `Advice::Normal` restores.
     pub fn set_ra_bytes(&mut self, bytes: u64) {
-        self.ra.ra_pages = bytes >> PAGE_SHIFT;
+        self.ra.ra_pages = bytes.min(crate::MAX_READAHEAD_BYTES) >> PAGE_SHIFT;
         self.ra.default_ra_pages = self.ra.ra_pages;
     }
 
@@ -306,7 +308,7 @@ impl Handle {
             }
             Advice::Sequential => {
                 self.ra.random = false;
-                self.ra.ra_pages = self.ra.default_ra_pages * 2;
+                self.ra.ra_pages = self.ra.default_ra_pages.saturating_mul(2);
             }
             Advice::Random => self.ra.random = true,
             Advice::WillNeed { offset, len } => self.readahead(offset, len)?,
@@ -337,10 +339,13 @@ impl Handle {
         Ok(())
     }
 
-    /// The bytes of `pos..pos + len` (clipped at end of file) without copying them: a run of
-    /// slices, each borrowing a referenced folio (or a shared zero buffer for holes). The
-    /// folios stay pinned until the run is dropped.
+    /// The bytes of `pos..pos + len` (clipped at end of file, and at
+    /// [`MAX_READ_RUN`](crate::MAX_READ_RUN) bytes: a longer range gives a shorter run, and the
+    /// caller reads on from its end) without copying them: a run of slices, each borrowing a
+    /// referenced folio (or a shared zero buffer for holes). The folios stay pinned until the
+    /// run is dropped.
     pub fn read_folios(&mut self, pos: u64, len: usize) -> Result<ReadRun<'_>, Error> {
+        let len = len.min(read::MAX_READ_RUN);
         if self.file.inner.disk().is_some() {
             return read::read_folios_disk(&self.file.inner, &mut self.ra, pos, len);
         }

@@ -61,7 +61,7 @@ mod reclaim;
 mod stats;
 mod sync;
 
-pub use cache::{Cache, CacheBuilder, Stats};
+pub use cache::{Cache, CacheBuilder, MAX_READAHEAD_BYTES, Stats};
 pub use error::Error;
 pub use fault::{Fault, Region, RegionHint};
 pub use file::{Advice, CachedRange, File, Handle, PageState};
@@ -72,7 +72,7 @@ pub use memfile::MAX_FILE_SIZE;
 pub use policy::{
     InsertPolicy, Policy, ReadPolicy, ReclaimPolicy, RefcountPolicy, SmallReadPolicy,
 };
-pub use read::{ReadRun, SMALL_READ_MAX, Slice};
+pub use read::{MAX_READ_RUN, ReadRun, SMALL_READ_MAX, Slice};
 pub use readahead::RaState;
 pub use reclaim::ReclaimStats;
 pub use stats::RaStats;

@@ -34,6 +34,10 @@ use std::sync::Arc;
 /// ([`SmallReadPolicy::Optimistic`]).
 pub const SMALL_READ_MAX: usize = OPTIMISTIC_MAX;
 
+/// The most bytes one zero-copy read ([`Handle::read_folios`](crate::Handle::read_folios))
+/// returns: 1 GiB, so a huge sparse range costs at most 512 zero slices (2 MiB each).
+pub const MAX_READ_RUN: usize = 1 << 30;
+
 /// A shared buffer of zeros for holes in zero-copy reads and the per-folio loop's zero page.
 /// It sits in `.bss`, so reading it costs no memory (the kernel maps its zero page).
 static ZEROS: [u8; 2 << 20] = [0; 2 << 20];
@@ -350,8 +354,11 @@ pub(crate) fn read_folios_disk<'f>(
 
 /// Walks `pos..pos + len` of a backed file (clipped at end of file) in uptodate folios, in
 /// order, handing each piece to `take(folio, offset in the folio, bytes, offset in the read)`.
-/// Returns the bytes walked; an error only if not one byte could be read (otherwise the read
-/// is short). Updates the reader's position for readahead.
+/// Returns the bytes walked: all of them up to the end of the file, never a short count before
+/// it. A failure to read is an error even after some bytes were walked: [`Error::Io`] then
+/// says in `offset` where the walk stopped (the first byte not walked), so a caller can tell
+/// how much it got, and a short count always means end of file. Updates the reader's position
+/// for readahead.
 fn walk_disk<'f>(
     file: &'f Arc<Inode>,
     ra: &mut RaState,
@@ -373,10 +380,15 @@ fn walk_disk<'f>(
     let last_byte = u64::try_from(ra.prev_pos - 1).ok();
     while at < end {
         if let Err(error) = get_pages(file, ra, at >> PAGE_SHIFT, last, &mut batch) {
-            if at == pos {
-                return Err(error);
-            }
-            break;
+            ra.prev_pos = at as i64;
+            return Err(match error {
+                Error::Io { len, source, .. } => Error::Io {
+                    offset: at,
+                    len,
+                    source,
+                },
+                other => other,
+            });
         }
         for folio in batch.drain() {
             let first = folio.index() << PAGE_SHIFT;

@@ -145,7 +145,8 @@ pub(crate) enum Fill {
 
 /// `get_init_ra_size`: the first window for a request of `req` pages.
 pub fn init_ra_size(req: u64, max: u64) -> u64 {
-    let p = req.max(1).next_power_of_two();
+    // A request too large for a power of two is larger than any window.
+    let p = req.max(1).checked_next_power_of_two().unwrap_or(u64::MAX);
     if p <= max / 32 {
         4 * p
     } else if p <= max / 4 {

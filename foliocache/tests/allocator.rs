@@ -1,6 +1,8 @@
 //! The arena's buddy allocator: random alloc/free never hands out overlapping memory, freeing
 //! everything coalesces back to the largest blocks, and bad configuration is an error.
 
+mod common;
+
 use foliocache::raw::{self, NewFolio};
 use foliocache::{Cache, Error, PAGE_SIZE};
 use proptest::prelude::*;
@@ -206,20 +208,27 @@ fn bad_configuration_is_an_error_not_a_panic() {
 
 #[test]
 fn a_capacity_too_large_for_this_machine_is_an_error_not_an_abort() {
-    // 16 TiB - 8 KiB: the descriptors alone would take 128 GiB. With the kernel's default
-    // (heuristic) overcommit, that allocation is refused and must come back as an error. Under
-    // "always overcommit" it would be granted and then touched, so the case cannot be run there.
-    let overcommit = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
-    if overcommit.trim() == "1" {
-        eprintln!("vm.overcommit_memory=1: not attempting a 16 TiB cache");
+    // Run in a child limited to 8 GiB of address space, so that whatever this machine's memory
+    // and overcommit policy, the memory for a 16 TiB cache cannot be had (and nothing is
+    // touched if it could): the build must come back with an error, not abort or be killed.
+    const NAME: &str = "a_capacity_too_large_for_this_machine_is_an_error_not_an_abort";
+    if common::child_role().as_deref() == Some("limited") {
+        let limit = libc::rlimit {
+            rlim_cur: 8 << 30,
+            rlim_max: 8 << 30,
+        };
+        // SAFETY: setrlimit with a valid pointer to an initialised struct.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &limit) }, 0);
+        let capacity = (u64::from(u32::MAX) - 1) * PAGE_SIZE as u64;
+        match Cache::builder().capacity(capacity).build() {
+            Err(Error::MetadataAlloc { bytes }) => assert!(bytes > 1 << 30),
+            Err(Error::Mmap { .. }) => {}
+            other => panic!("expected an allocation error, got {other:?}"),
+        }
         return;
     }
-    let capacity = (u64::from(u32::MAX) - 1) * PAGE_SIZE as u64;
-    match Cache::builder().capacity(capacity).build() {
-        Err(Error::MetadataAlloc { bytes }) => assert!(bytes > 1 << 30),
-        Err(Error::Mmap { .. }) => {}
-        other => panic!("expected an allocation error, got {other:?}"),
-    }
+    let status = common::run_child(NAME, "limited");
+    assert!(status.success(), "the limited child failed: {status}");
 }
 
 #[test]

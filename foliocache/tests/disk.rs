@@ -46,11 +46,11 @@ fn both_engines_read_a_file_with_o_direct() {
         let probe = match cache.open(&path) {
             Ok(file) => file,
             Err(Error::NoDirectIo { .. }) => {
-                eprintln!("skipped: the target directory's file system has no direct I/O");
+                common::skip("the target directory's file system has no direct I/O");
                 return;
             }
             Err(Error::Engine(error)) if kind == EngineKind::IoUring => {
-                eprintln!("skipped io_uring: {error}");
+                common::skip(&format!("no io_uring here ({error})"));
                 continue;
             }
             Err(error) => panic!("{error}"),
@@ -80,7 +80,7 @@ fn both_engines_read_a_file_with_o_direct() {
 fn tmpfs_is_refused_unless_buffered_is_asked_for() {
     let dir = PathBuf::from("/dev/shm");
     if !dir.is_dir() {
-        eprintln!("skipped: no /dev/shm");
+        common::skip("no /dev/shm");
         return;
     }
     let path = dir.join(format!("foliocache-test-{}", std::process::id()));
@@ -119,11 +119,11 @@ fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
         let read = match sequential_read(&[path.as_path(), path.as_path()], 128 << 10, 4, buffers) {
             Ok(read) => read,
             Err(Error::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
-                eprintln!("skipped: the target directory's file system has no direct I/O");
+                common::skip("the target directory's file system has no direct I/O");
                 return;
             }
             Err(Error::Engine(error)) => {
-                eprintln!("skipped: no io_uring here ({error})");
+                common::skip(&format!("no io_uring here ({error})"));
                 return;
             }
             Err(error) => panic!("{buffers:?}: {error}"),

@@ -350,11 +350,22 @@ fn read_errors_are_reported_and_retried() {
             .test(flag::ERROR)
     );
 
-    // A failure inside a longer read gives a short read up to it.
+    // A failure inside a longer read is an error, not a short count (a short count means end
+    // of file): its offset says where the read stopped, and the bytes before it were read.
     backend.fail_page(40, u32::MAX);
     let mut buf = vec![0u8; 20 * PAGE as usize];
-    let n = handle.read_at(&mut buf, 30 * PAGE).unwrap();
-    assert_eq!(n, 10 * PAGE as usize);
+    let error = handle.read_at(&mut buf, 30 * PAGE).unwrap_err();
+    assert!(
+        matches!(error, Error::Io { offset, .. } if offset == 40 * PAGE),
+        "{error}"
+    );
+    let got = (40 - 30) * PAGE as usize;
+    assert!(
+        buf[..got]
+            .iter()
+            .enumerate()
+            .all(|(k, &b)| b == byte_at(30 * PAGE + k as u64))
+    );
     assert!(handle.read_at(&mut buf, 40 * PAGE).is_err());
     // Other pages still read.
     assert_eq!(handle.read_at(&mut buf[..10], 41 * PAGE).unwrap(), 10);
@@ -460,4 +471,39 @@ fn files_from_storage_are_read_only() {
         memory.handle().readahead(0, 10),
         Err(Error::NotADiskFile)
     ));
+}
+
+#[test]
+fn a_request_holds_at_most_1024_folios() {
+    // readv takes at most 1024 vectors: with 4 KiB folios, 64 MiB requests and an 8 MiB
+    // window, a request would hold 2048 folios; readahead ends it at 1024.
+    let cache = Cache::builder()
+        .capacity(64 << 20)
+        .max_order(0)
+        .readahead_bytes(8 << 20)
+        .io_request_bytes(64 << 20)
+        .build()
+        .unwrap();
+    let backend = Arc::new(MemBackend::new(pattern(32 << 20)));
+    let file = cache.open_backend(backend.clone(), None).unwrap();
+    let mut handle = file.handle();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut pos = 0;
+    while pos < 32 << 20 {
+        let n = handle.read_at(&mut buf, pos).unwrap();
+        assert!(
+            buf[..n]
+                .iter()
+                .enumerate()
+                .all(|(k, &b)| b == byte_at(pos + k as u64))
+        );
+        pos += n as u64;
+    }
+    let largest = backend
+        .requests()
+        .iter()
+        .map(|&(_, len)| len)
+        .max()
+        .unwrap();
+    assert_eq!(largest, 1024 * PAGE as usize, "the largest request");
 }

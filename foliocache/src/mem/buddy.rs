@@ -15,6 +15,7 @@
 //! When the zone runs dry the caches are drained back into it before giving up, so every free
 //! page can be allocated.
 
+use super::filled;
 use crate::error::Error;
 use crate::sync::Mutex;
 use crate::sync::MutexGuard;
@@ -116,16 +117,6 @@ pub(crate) struct Buddy {
     max_order: u8,
 }
 
-/// A vector of `len` copies of `value`, or an error if the memory cannot be had.
-fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>, Error> {
-    let mut v = Vec::new();
-    v.try_reserve_exact(len).map_err(|_| Error::MetadataAlloc {
-        bytes: (len * std::mem::size_of::<T>()) as u64,
-    })?;
-    v.resize(len, value);
-    Ok(v)
-}
-
 /// The cache slot of the current thread.
 fn cache_slot(slots: usize) -> usize {
     crate::sync::thread_slot() % slots
@@ -134,10 +125,9 @@ fn cache_slot(slots: usize) -> usize {
 impl Buddy {
     /// An allocator over `pages` pages, all free, carved into the largest aligned blocks.
     pub(crate) fn new(pages: usize, max_order: u8) -> Result<Self, Error> {
-        assert!(
-            pages < NIL as usize,
-            "too many pages for 32-bit page numbers"
-        );
+        if pages >= NIL as usize {
+            return Err(Error::InvalidCapacity((pages as u64).saturating_mul(4096)));
+        }
         let mut zone = Zone {
             heads: vec![NIL; max_order as usize + 1],
             next: filled(pages, NIL)?,

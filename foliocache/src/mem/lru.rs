@@ -52,16 +52,16 @@ pub(crate) struct Lru {
 pub(crate) const LINK_BYTES_PER_PAGE: usize = 2 * std::mem::size_of::<u32>();
 
 impl Lru {
-    pub(crate) fn new(pages: usize) -> Self {
-        Self {
+    pub(crate) fn new(pages: usize) -> Result<Self, crate::error::Error> {
+        Ok(Self {
             lists: Mutex::new(Lists {
-                older: vec![NIL; pages],
-                newer: vec![NIL; pages],
+                older: super::filled(pages, NIL)?,
+                newer: super::filled(pages, NIL)?,
                 head: [NIL; 2],
                 tail: [NIL; 2],
                 pages: [0; 2],
             }),
-        }
+        })
     }
 }
 

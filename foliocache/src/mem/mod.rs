@@ -95,6 +95,17 @@ const RESERVE_HUGE_ORDER: u8 = 9;
 /// Reserve pages held beyond `need + headroom` before some go back to the allocator.
 const RESERVE_SLACK: usize = 4;
 
+/// A vector of `len` copies of `value`, or an error if the memory cannot be had (cache
+/// metadata is sized by the capacity: failing to get it must be an error, not an abort).
+pub(crate) fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>, Error> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::MetadataAlloc {
+        bytes: (len as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
 /// Bytes of metadata per arena page: its descriptor, its list links and the allocator's
 /// per-page words.
 pub(crate) const METADATA_BYTES_PER_PAGE: usize =
@@ -120,7 +131,7 @@ impl Memory {
         Ok(Self {
             grace: Grace::new(std::sync::Arc::new(Buddy::new(pages, max_order)?)),
             table: table.into_boxed_slice(),
-            lru: Lru::new(pages),
+            lru: Lru::new(pages)?,
             nodes: Arc::default(),
             reserve: IndexReserve {
                 blocks: Mutex::new(Vec::new()),
@@ -328,5 +339,18 @@ impl Drop for Memory {
         // Readers pin briefly; one still pinned when this runs holds the frees back, so wait a
         // little for it (frees that still wait after that run at some later collect).
         self.grace.reclaim_deferred(Duration::from_millis(100));
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_that_cannot_be_had_is_an_error() {
+        // More than the address space: refused before any memory is touched.
+        let err = filled(usize::MAX / 2, 0u32).unwrap_err();
+        assert!(matches!(err, Error::MetadataAlloc { .. }), "{err}");
+        assert_eq!(filled(3, 7u8).unwrap(), vec![7, 7, 7]);
     }
 }

@@ -21,8 +21,12 @@ pub fn pattern(len: u64) -> Vec<u8> {
 #[derive(Debug, Default)]
 pub struct MemBackend {
     pub data: Vec<u8>,
-    /// Page index → reads of it left to fail (u32::MAX: always).
-    pub failing: Mutex<HashMap<u64, u32>>,
+    /// Page index → reads of it left to fail (u32::MAX: always). Shared with the threads that
+    /// serve delayed requests, so a count goes down whoever serves the read.
+    pub failing: std::sync::Arc<Mutex<HashMap<u64, u32>>>,
+    /// Requests left to complete short: with half their bytes (rounded down to a page), as a
+    /// backend may before end of file. The request then fails the folios it did not reach.
+    pub short: std::sync::Arc<std::sync::atomic::AtomicU32>,
     /// Complete on another thread after this delay (None: inline, inside `submit`).
     pub delay: Option<Duration>,
     /// Every request seen: (offset, len).
@@ -81,9 +85,20 @@ impl MemBackend {
                 };
             }
         }
-        let n = size
+        let mut n = size
             .saturating_sub(request.offset())
             .min(request.len() as u64) as usize;
+        let cut = self
+            .short
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |left| left.checked_sub(1),
+            )
+            .is_ok();
+        if cut && n == request.len() && n > 4096 {
+            n = (n / 2) & !4095;
+        }
         request.complete(Ok(n));
     }
 }
@@ -105,12 +120,14 @@ impl Backend for MemBackend {
                 // Serve on a thread: readers really wait on locked folios. The backend is
                 // shared through the file's Arc, so copy what the thread needs.
                 let data = self.data.clone();
-                let failing: HashMap<u64, u32> = self.failing.lock().unwrap().clone();
+                let failing = std::sync::Arc::clone(&self.failing);
+                let short = std::sync::Arc::clone(&self.short);
                 std::thread::spawn(move || {
                     std::thread::sleep(delay);
                     let helper = MemBackend {
                         data,
-                        failing: Mutex::new(failing),
+                        failing,
+                        short,
                         ..MemBackend::default()
                     };
                     for request in requests {
@@ -131,4 +148,95 @@ pub fn stress_duration() -> Duration {
         .filter(|s| s.is_finite() && *s >= 0.0)
         .unwrap_or(2.0);
     Duration::from_secs_f64(secs)
+}
+
+/// Runs the test `name` of this test binary again in a child process, with `FOLIOCACHE_CHILD`
+/// set to `role`, and returns how the child ended. The test checks the variable first thing
+/// and, in the child, does the part that must run alone (set a resource limit, abort on
+/// purpose). Output of the child is passed through.
+pub fn run_child(name: &str, role: &str) -> std::process::ExitStatus {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    std::process::Command::new(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("FOLIOCACHE_CHILD", role)
+        .status()
+        .expect("run the test binary again")
+}
+
+/// In a child started by [`run_child`]: its role.
+pub fn child_role() -> Option<String> {
+    std::env::var("FOLIOCACHE_CHILD").ok()
+}
+
+/// A test that cannot run here says why. Outside CI it passes with that line printed; in CI
+/// (`CI` set, as `.ci/run` does) it fails, unless `FOLIOCACHE_ALLOW_SKIP` is set (to anything:
+/// the environment says the skip is expected).
+pub fn skip(why: &str) {
+    let in_ci = std::env::var_os("CI").is_some();
+    let allowed = std::env::var_os("FOLIOCACHE_ALLOW_SKIP").is_some();
+    if in_ci && !allowed {
+        panic!("skipped in CI: {why} (set FOLIOCACHE_ALLOW_SKIP=1 if this is expected here)");
+    }
+    eprintln!("SKIPPED: {why}");
+}
+
+/// Runs `f` on its own thread and waits at most `limit` for it: a test that deadlocks fails
+/// (with `what` in the message) instead of hanging `cargo test`. A panic in `f` fails the test
+/// with the same message.
+pub fn with_deadline<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (done, result) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    match result.recv_timeout(limit) {
+        Ok(value) => {
+            let _ = worker.join();
+            value
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => match worker.join() {
+            Err(panic) => std::panic::resume_unwind(panic),
+            Ok(()) => panic!("{what}: the worker ended without a result"),
+        },
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: no result within {limit:?} (a hang)")
+        }
+    }
+}
+
+/// A file of `size` bytes of [`pattern`] under the target directory (on the checkout's file
+/// system: a disk here, not tmpfs), named `name`.
+pub fn test_file(name: &str, size: u64) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(&pattern(size)).unwrap();
+    file.sync_all().unwrap();
+    path
+}
+
+/// Caches built by `build` with each I/O engine that can run here, each with a file of `path`
+/// opened (O_DIRECT). An engine or a file system that cannot is skipped with [`skip`].
+pub fn per_engine(
+    build: impl Fn(foliocache::EngineKind) -> foliocache::Cache,
+    path: &std::path::Path,
+) -> Vec<(foliocache::EngineKind, foliocache::Cache, foliocache::File)> {
+    use foliocache::{EngineKind, Error};
+    let mut out = Vec::new();
+    for kind in [EngineKind::IoUring, EngineKind::Threads] {
+        let cache = build(kind);
+        match cache.open(path) {
+            Ok(file) => out.push((kind, cache, file)),
+            Err(Error::NoDirectIo { .. }) => {
+                skip("the target directory's file system has no direct I/O");
+                return out;
+            }
+            Err(Error::Engine(error)) => skip(&format!("{kind:?}: {error}")),
+            Err(error) => panic!("{kind:?}: {error}"),
+        }
+    }
+    out
 }
