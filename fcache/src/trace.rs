@@ -94,7 +94,10 @@ pub(crate) fn parse_line(line: &str, number: usize) -> Result<Option<Line>, Stri
                 "trace line {number}: length {len} is over the 1 GiB limit of one operation"
             ));
         }
-        if offset.checked_add(len).is_none_or(|end| end > i64::MAX as u64) {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > i64::MAX as u64)
+        {
             return Err(format!(
                 "trace line {number}: offset {offset} + length {len} is past the largest file size"
             ));
@@ -221,7 +224,11 @@ mod tests {
         );
         assert_eq!(op("file-size 123"), Ok(Some(Line::FileSize(123))));
         assert!(op("a 1").unwrap_err().contains("unknown operation"));
-        assert!(op("willneed 1").unwrap_err().contains("willneed offset length"));
+        assert!(
+            op("willneed 1")
+                .unwrap_err()
+                .contains("willneed offset length")
+        );
         assert!(op("file-size").unwrap_err().contains("file-size bytes"));
         assert!(
             op("read 9223372036854775807 10")
@@ -236,7 +243,11 @@ mod tests {
         assert_eq!(trace.file_size, Some(8192));
         assert_eq!(trace.ops.len(), 2);
         assert_eq!(trace.ops[1].to_string(), "willneed 0 0");
-        assert!(parse("t", "0 10\nfile-size 1\n").unwrap_err().contains("line 2"));
+        assert!(
+            parse("t", "0 10\nfile-size 1\n")
+                .unwrap_err()
+                .contains("line 2")
+        );
         assert!(
             parse("t", "file-size 1\nfile-size 2\n")
                 .unwrap_err()

@@ -229,9 +229,7 @@ mod kernel_walk {
             return Tree::Single;
         }
         let mut shift = 0;
-        while shift + CHUNK_SHIFT < 64
-            && slots.any_folio(1u64 << (shift + CHUNK_SHIFT), u64::MAX)
-        {
+        while shift + CHUNK_SHIFT < 64 && slots.any_folio(1u64 << (shift + CHUNK_SHIFT), u64::MAX) {
             shift += CHUNK_SHIFT;
         }
         // A folio as large as the whole range of such a root lives one level up.
@@ -279,11 +277,19 @@ mod kernel_walk {
         fn load(&mut self) -> bool {
             let root = match self.tree {
                 Tree::Empty => {
-                    self.at = if self.index == 0 { At::Head } else { At::Bounds };
+                    self.at = if self.index == 0 {
+                        At::Head
+                    } else {
+                        At::Bounds
+                    };
                     return false;
                 }
                 Tree::Single => {
-                    self.at = if self.index == 0 { At::Head } else { At::Bounds };
+                    self.at = if self.index == 0 {
+                        At::Head
+                    } else {
+                        At::Bounds
+                    };
                     return self.index == 0;
                 }
                 Tree::Root(shift) => shift,
@@ -1029,7 +1035,14 @@ mod tests {
     fn the_walk_matches_the_plain_scan_on_order_0_pages() {
         let folios: Vec<(u64, u8)> = pages(0, 100).chain(pages(130, 200)).collect();
         let walk = XaWalk(&Folios(folios));
-        for (index, max) in [(0, 50), (10, 500), (99, 5), (150, 500), (199, 80), (120, 30)] {
+        for (index, max) in [
+            (0, 50),
+            (10, 500),
+            (99, 5),
+            (150, 500),
+            (199, 80),
+            (120, 30),
+        ] {
             let scan_next = (index..index + max)
                 .find(|&i| !(i < 100 || (130..200).contains(&i)))
                 .unwrap_or(index + max);

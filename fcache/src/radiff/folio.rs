@@ -79,7 +79,13 @@ fn open(cache: &Cache, source: Source<'_>, setting: Setting) -> Result<File, Str
     match source {
         Source::Disk(path) => cache
             .open_with(path, OpenOptions::new().max_order(setting.max_order))
-            .map_err(|e| format!("foliocache cannot open {}: {e}", path.display())),
+            .map_err(|e| match e {
+                foliocache::Error::NoDirectIo { .. } => format!(
+                    "unavailable: foliocache cannot open {} with O_DIRECT: {e}",
+                    path.display()
+                ),
+                e => format!("foliocache cannot open {}: {e}", path.display()),
+            }),
         Source::Synthetic(size) => cache
             .open_backend(Arc::new(Zeros { size }), Some(setting.max_order))
             .map_err(|e| e.to_string()),
@@ -100,7 +106,11 @@ fn cached(file: &File) -> PageSet {
 }
 
 /// Replays `ops` on a fresh cache over `source`; the pages after each operation.
-pub(crate) fn run(source: Source<'_>, ops: &[Op], setting: Setting) -> Result<Vec<PageSet>, String> {
+pub(crate) fn run(
+    source: Source<'_>,
+    ops: &[Op],
+    setting: Setting,
+) -> Result<Vec<PageSet>, String> {
     let size = match source {
         Source::Disk(path) => std::fs::metadata(path)
             .map_err(|e| format!("cannot open {}: {e}", path.display()))?
@@ -159,6 +169,9 @@ mod tests {
         assert_eq!(dont_need_pages(0, 100, size), None);
         assert_eq!(dont_need_pages(5 * PAGE, 0, size), Some((5, (1 << 51) - 1)));
         // The file's last byte ends the range: its partial last page goes too.
-        assert_eq!(dont_need_pages(0, 10 * PAGE + 7, 10 * PAGE + 7), Some((0, 10)));
+        assert_eq!(
+            dont_need_pages(0, 10 * PAGE + 7, 10 * PAGE + 7),
+            Some((0, 10))
+        );
     }
 }

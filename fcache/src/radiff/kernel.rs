@@ -7,6 +7,9 @@
 //! whatever their state, so a step has settled when the two agree: every page readahead
 //! inserted has arrived. Without `cachestat` a step settles when `mincore` stops changing.
 //!
+//! Errors that mean "this cannot be compared here" (no block device under the file, tmpfs,
+//! mincore not allowed) start with `unavailable: `, so a test can tell them from failures.
+//!
 //! The only `unsafe` here is the raw system calls with no safe wrapper in our dependencies:
 //! `mmap`/`munmap`, `mincore` and `cachestat`.
 
@@ -83,7 +86,7 @@ impl Setting {
         let fs = fs_name(u64::try_from(fs.f_type).unwrap_or(0)).to_string();
         if fs == "tmpfs" {
             return Err(format!(
-                "{} is on tmpfs: its pages are its data, not a cache of a disk (put it on a disk \
+                "unavailable: {} is on tmpfs: its pages are its data, not a cache of a disk (put it on a disk \
                  file system)",
                 path.display()
             ));
@@ -96,7 +99,7 @@ impl Setting {
         let link = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
         let dir = std::fs::canonicalize(&link).map_err(|_| {
             format!(
-                "{} is on device {major}:{minor} ({fs}), which is not a block device: the kernel's \
+                "unavailable: {} is on device {major}:{minor} ({fs}), which is not a block device: the kernel's \
                  readahead window cannot be found (a file on a disk file system is needed)",
                 path.display()
             )
@@ -142,7 +145,8 @@ impl Residency {
         let writable = rustix::fs::access(path, rustix::fs::Access::WRITE_OK).is_ok();
         if euid != 0 && meta.uid() != euid && !writable {
             return Err(format!(
-                "mincore shows the page cache of {} only to its owner, a writer or root",
+                "unavailable: mincore shows the page cache of {} only to its owner, a writer or \
+                 root",
                 path.display()
             ));
         }

@@ -325,9 +325,10 @@ pub(crate) fn run(args: &RaDiffArgs) -> Result<(), String> {
             folio_setting.ra_kb, setting.device.read_ahead_kb
         );
     }
+    let progress = !args.json && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut outcomes = Vec::new();
     for (k, trace) in traces.iter().enumerate() {
-        if !args.json {
+        if progress {
             eprint!("\r[{}/{}] {:<40}", k + 1, traces.len(), trace.name);
         }
         let path = match &args.set {
@@ -348,8 +349,8 @@ pub(crate) fn run(args: &RaDiffArgs) -> Result<(), String> {
         };
         outcomes.push(compare_live(&path, trace, folio_setting, args.runs)?);
     }
-    if !args.json {
-        eprintln!("\r{:<60}", "");
+    if progress {
+        eprint!("\r{:<60}\r", "");
     }
     if let Some(out) = &args.record {
         write_recording(out, &settings, &outcomes)?;
@@ -406,7 +407,7 @@ fn load_set(dir: &Path, only: Option<&[String]>) -> Result<Vec<Trace>, String> {
     let mut traces = Vec::new();
     for path in paths {
         let trace = trace::load(&path)?;
-        if only.is_none_or(|names| names.iter().any(|n| *n == trace.name)) {
+        if only.is_none_or(|names| names.contains(&trace.name)) {
             traces.push(trace);
         }
     }
@@ -438,7 +439,9 @@ fn data_file(dir: &Path, size: u64) -> Result<PathBuf, String> {
             out.write_all(&chunk[..n])?;
             left -= n as u64;
         }
-        let file = out.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+        let file = out
+            .into_inner()
+            .map_err(std::io::IntoInnerError::into_error)?;
         file.sync_all()?;
         std::fs::rename(&tmp, &path)
     };
@@ -488,8 +491,19 @@ fn write_recording(path: &Path, settings: &Settings, outcomes: &[Outcome]) -> Re
         "settings": settings.json(),
         "traces": traces,
     });
-    let text = serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
-    std::fs::write(path, text + "\n").map_err(|e| format!("cannot write {}: {e}", path.display()))
+    // One line per trace, so that a new recording's diff shows which traces changed.
+    let mut text = String::from("{\n");
+    for key in ["format", "command", "recorded_unix", "settings"] {
+        text += &format!("  {:?}: {},\n", key, document[key]);
+    }
+    text += "  \"traces\": [\n";
+    let traces = document["traces"].as_array().map_or(&[][..], Vec::as_slice);
+    for (k, trace) in traces.iter().enumerate() {
+        let comma = if k + 1 < traces.len() { "," } else { "" };
+        text += &format!("    {trace}{comma}\n");
+    }
+    text += "  ]\n}\n";
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Reads a recording back: the settings and each trace's kernel runs.
@@ -519,7 +533,12 @@ fn read_recording(path: &Path) -> Result<(Settings, Vec<Outcome>), String> {
     for t in doc["traces"].as_array().ok_or_else(|| bad("traces"))? {
         let name = t["name"].as_str().ok_or_else(|| bad("name"))?.to_string();
         let mut ops = Vec::new();
-        for (k, line) in t["ops"].as_array().ok_or_else(|| bad("ops"))?.iter().enumerate() {
+        for (k, line) in t["ops"]
+            .as_array()
+            .ok_or_else(|| bad("ops"))?
+            .iter()
+            .enumerate()
+        {
             let line = line.as_str().ok_or_else(|| bad("ops"))?;
             match trace::parse_line(line, k + 1).map_err(|e| format!("{name}: {e}"))? {
                 Some(Line::Op(op)) => ops.push(op),
@@ -536,8 +555,9 @@ fn read_recording(path: &Path) -> Result<(Settings, Vec<Outcome>), String> {
             for seen in step.as_array().ok_or_else(|| bad("kernel"))? {
                 let pages = PageSet::from_json(&seen["pages"])?;
                 for _ in 0..number(&seen["runs"], "runs")? {
-                    let slot: &mut Vec<PageSet> =
-                        kernel.get_mut(run).ok_or_else(|| bad("more runs than recorded"))?;
+                    let slot: &mut Vec<PageSet> = kernel
+                        .get_mut(run)
+                        .ok_or_else(|| bad("more runs than recorded"))?;
                     slot.push(pages.clone());
                     run += 1;
                 }

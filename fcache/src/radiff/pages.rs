@@ -135,7 +135,12 @@ impl PageSet {
 
     /// `[[first, last], ...]`.
     pub(crate) fn to_json(&self) -> Value {
-        json!(self.ranges().iter().map(|&(a, b)| [a, b]).collect::<Vec<_>>())
+        json!(
+            self.ranges()
+                .iter()
+                .map(|&(a, b)| [a, b])
+                .collect::<Vec<_>>()
+        )
     }
 
     /// Reads `[[first, last], ...]`.
