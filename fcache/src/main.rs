@@ -1,7 +1,10 @@
-//! `fcache`: foliocache's command-line tool. `fcache bench` runs the benchmark suites.
+//! `fcache`: foliocache's command-line tool. `fcache bench` runs the benchmark suites; `fcache
+//! replay` shows readahead on a trace; `fcache ra-diff` compares it with the running kernel's.
 
 mod bench;
+mod radiff;
 mod replay;
+mod trace;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -24,6 +27,9 @@ enum Command {
     /// Replay an access trace (`offset length` lines) on a file through a fresh cache and show,
     /// after each read, which pages readahead cached (like fincore/vmtouch).
     Replay(replay::ReplayArgs),
+    /// Replay a trace through the running kernel's page cache and through foliocache on the
+    /// same file, and compare the cached pages step by step (or check a recorded comparison).
+    RaDiff(radiff::RaDiffArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,6 +37,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Bench(args) => bench::run(&args),
         Command::Replay(args) => replay::run(&args),
+        Command::RaDiff(args) => radiff::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

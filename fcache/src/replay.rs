@@ -2,8 +2,9 @@
 //! after each read (once its I/O has settled) shows what is cached, as `fincore`/`vmtouch`
 //! would for the kernel. How a user sees what readahead does with their access pattern.
 
+use crate::trace::{self, Line, Op};
 use clap::Args;
-use foliocache::{Cache, CachedRange, File, OpenOptions, PageState};
+use foliocache::{Advice, Cache, CachedRange, File, OpenOptions, PageState};
 use serde_json::json;
 use std::io::{BufRead, Write as _};
 use std::path::PathBuf;
@@ -12,8 +13,9 @@ use std::path::PathBuf;
 pub(crate) struct ReplayArgs {
     /// The file to read (on a disk file system: it is read with O_DIRECT).
     file: PathBuf,
-    /// The trace: one `offset length` pair per line (decimal or 0x hex; `#` starts a comment).
-    /// `-` or nothing: standard input.
+    /// The trace: one `offset length` read per line (decimal or 0x hex; `#` starts a comment),
+    /// or `read`/`willneed`/`dontneed offset length` (see `fcache/traces/README.md`). `-` or
+    /// nothing: standard input.
     trace: Option<PathBuf>,
     /// Maximum readahead window in KiB (the kernel's default is 128).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u64).range(0..=1048576))]
@@ -30,50 +32,6 @@ pub(crate) struct ReplayArgs {
     /// One JSON object per read instead of text.
     #[arg(long)]
     json: bool,
-}
-
-/// One access of the trace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Access {
-    offset: u64,
-    len: u64,
-}
-
-fn parse_number(word: &str) -> Option<u64> {
-    match word.strip_prefix("0x").or_else(|| word.strip_prefix("0X")) {
-        Some(hex) => u64::from_str_radix(hex, 16).ok(),
-        None => word.parse().ok(),
-    }
-}
-
-/// Parses one trace line: `None` for blank and comment lines.
-fn parse_line(line: &str, number: usize) -> Result<Option<Access>, String> {
-    let content = line.split('#').next().unwrap_or("").trim();
-    if content.is_empty() {
-        return Ok(None);
-    }
-    let words: Vec<&str> = content.split_whitespace().collect();
-    let [offset, len] = words[..] else {
-        return Err(format!(
-            "trace line {number}: expected `offset length`, got {content:?}"
-        ));
-    };
-    let parse = |word: &str, what: &str| {
-        parse_number(word).ok_or_else(|| {
-            format!("trace line {number}: {what} {word:?} is not a number (decimal or 0x hex)")
-        })
-    };
-    let access = Access {
-        offset: parse(offset, "offset")?,
-        len: parse(len, "length")?,
-    };
-    if access.len > 1 << 30 {
-        return Err(format!(
-            "trace line {number}: length {} is over the 1 GiB limit of one read",
-            access.len
-        ));
-    }
-    Ok(Some(access))
 }
 
 pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
@@ -116,19 +74,34 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
     let mut buf = Vec::new();
     for (k, line) in reader.lines().enumerate() {
         let line = line.map_err(|e| format!("cannot read the trace: {e}"))?;
-        let Some(access) = parse_line(&line, k + 1)? else {
+        let Some(Line::Op(op)) = trace::parse_line(&line, k + 1)? else {
             continue;
         };
-        buf.resize(access.len as usize, 0);
-        let result = handle.read_at(&mut buf, access.offset);
+        let (offset, len, result) = match op {
+            Op::Read { offset, len } => {
+                buf.resize(len as usize, 0);
+                (offset, len, handle.read_at(&mut buf, offset))
+            }
+            Op::WillNeed { offset, len } => (
+                offset,
+                len,
+                handle.advise(Advice::WillNeed { offset, len }).map(|()| 0),
+            ),
+            Op::DontNeed { offset, len } => (
+                offset,
+                len,
+                handle.advise(Advice::DontNeed { offset, len }).map(|()| 0),
+            ),
+        };
         file.wait_for_io();
         let ranges = file.cached_ranges();
         let ra = handle.ra_state();
         let io = file.io_stats();
         let line = if args.json {
             json!({
-                "offset": access.offset,
-                "len": access.len,
+                "op": op.to_string(),
+                "offset": offset,
+                "len": len,
                 "read": result.as_ref().ok(),
                 "error": result.as_ref().err().map(ToString::to_string),
                 "ra": {"start": ra.start, "size": ra.size, "async_size": ra.async_size,
@@ -144,9 +117,8 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
                 Err(e) => format!("error: {e}"),
             };
             format!(
-                "read {} +{} -> {read} | window [{}, {}) async {} order {} | io {} reqs {} KiB | cached {}",
-                access.offset,
-                access.len,
+                "{} -> {read} | window [{}, {}) async {} order {} | io {} reqs {} KiB | cached {}",
+                op,
                 ra.start,
                 ra.start + ra.size,
                 ra.async_size,
@@ -206,38 +178,4 @@ fn describe(ranges: &[CachedRange], file: &File) -> String {
         parts.join(", "),
         100.0 * total as f64 / file_pages as f64
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn trace_lines_parse_or_explain() {
-        assert_eq!(parse_line("  # comment", 1), Ok(None));
-        assert_eq!(parse_line("", 1), Ok(None));
-        assert_eq!(
-            parse_line("4096 100 # tail", 1),
-            Ok(Some(Access {
-                offset: 4096,
-                len: 100
-            }))
-        );
-        assert_eq!(
-            parse_line("0x1000\t0x10", 1),
-            Ok(Some(Access {
-                offset: 4096,
-                len: 16
-            }))
-        );
-        let error = parse_line("12", 7).unwrap_err();
-        assert!(error.contains("line 7"), "{error}");
-        assert!(parse_line("a 1", 1).unwrap_err().contains("offset"));
-        assert!(parse_line("1 -5", 1).unwrap_err().contains("length"));
-        assert!(
-            parse_line("0 99999999999", 1)
-                .unwrap_err()
-                .contains("limit")
-        );
-    }
 }

@@ -19,7 +19,7 @@
 //! backend one batch of requests (one per contiguous run, split at the cache's request size).
 
 use crate::error::Error;
-use crate::index::RangeStop;
+use crate::index::{Entry, RangeStop};
 use crate::inode::{DiskSource, Inode};
 use crate::io::ReadRequest;
 use crate::mapping::Mapping;
@@ -90,6 +90,330 @@ impl Probe for Mapping {
     }
     fn next_miss(&self, index: u64, max_scan: u64) -> u64 {
         Mapping::next_miss(self, index, max_scan)
+    }
+}
+
+/// What the kernel's xarray walk sees of the index: which folio covers a page.
+pub(crate) trait Slots {
+    /// The first page and the order of the folio covering page `index`, if any.
+    fn folio_at(&self, index: u64) -> Option<(u64, u8)>;
+    /// Whether a folio covers any page of `first..=last`.
+    fn any_folio(&self, first: u64, last: u64) -> bool;
+}
+
+impl Slots for Mapping {
+    fn folio_at(&self, index: u64) -> Option<(u64, u8)> {
+        match self.index().load(index) {
+            Some(Entry::Folio { order, .. }) => Some((index & !((1u64 << order) - 1), order)),
+            _ => None,
+        }
+    }
+
+    fn any_folio(&self, first: u64, last: u64) -> bool {
+        self.index().next_present(first, last).is_some()
+    }
+}
+
+/// `page_cache_prev_miss` and `page_cache_next_miss` as the kernel (6.18) computes them, walking
+/// its xarray with `xas_prev`/`xas_next` from a fresh state.
+///
+/// The walk matters because of a quirk with large folios: when the first page looked at lies
+/// inside a multi-page folio (not its first page), `xas_load` leaves the walk on the folio's
+/// *first* slot while the index stays where it was. The following steps then move slot and
+/// index together, so the slot looked at lags the index by the distance into that folio until
+/// the walk leaves the 64-slot node, and the index returned is off by as much. Seen on 6.18:
+/// two interleaved streams, the second's mark at page 4 (an order-2 folio) starts the next
+/// window at 21, not at the first gap, 20; a stride read past 48 pages cached from page 0
+/// finds a gap at page 2 and sizes its window from 45 pages of history, not from a whole file
+/// cached from its start. Matching the kernel means walking the same way, which
+/// [`kernel_walk`]'s model of the xarray (64-slot nodes, a folio of order k stored at level
+/// k / 6 in 2^(k mod 6) slots) does from what the index holds.
+#[derive(Debug)]
+pub(crate) struct XaWalk<'s, S: Slots>(pub(crate) &'s S);
+
+impl<S: Slots> Probe for XaWalk<'_, S> {
+    fn prev_miss(&self, index: u64, max_scan: u64) -> u64 {
+        let mut xas = kernel_walk::Xas::new(self.0, index);
+        for _ in 0..max_scan {
+            if !xas.prev() {
+                return xas.index;
+            }
+            if xas.index == u64::MAX && index != u64::MAX {
+                return xas.index;
+            }
+        }
+        xas.index.wrapping_sub(1)
+    }
+
+    fn next_miss(&self, index: u64, max_scan: u64) -> u64 {
+        let mut xas = kernel_walk::Xas::new(self.0, index);
+        for _ in 0..max_scan {
+            if !xas.next() {
+                return xas.index;
+            }
+            if xas.index == 0 && index != 0 {
+                return xas.index;
+            }
+        }
+        xas.index.wrapping_add(1)
+    }
+}
+
+/// A model of the kernel's xarray walk (`lib/xarray.c`: `xas_load`, `xas_next`, `xas_prev`),
+/// enough to find misses the way `page_cache_{prev,next}_miss` do. The tree is derived from
+/// the folios: its root is as high as the largest cached page needs, a slot of a node at
+/// `shift` holds a folio entry (or a sibling of one) when a folio of order `shift..shift + 6`
+/// covers it, a child node when smaller folios lie under it, and nothing otherwise.
+mod kernel_walk {
+    use super::Slots;
+
+    const CHUNK_SHIFT: u32 = 6;
+    const CHUNK_MASK: u64 = 63;
+
+    /// What a slot holds.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Slot {
+        Empty,
+        Node,
+        /// A folio entry or a sibling slot of one; `head` is the slot of the entry itself.
+        Folio {
+            head: u64,
+        },
+    }
+
+    /// Where the walk is (`xas->xa_node`).
+    #[derive(Debug, Clone, Copy)]
+    enum At {
+        /// `XAS_RESTART`: not walked yet.
+        Restart,
+        /// `XAS_BOUNDS`: ran off the tree.
+        Bounds,
+        /// `NULL`: the tree is one entry at index 0, held in its head.
+        Head,
+        /// A node: its level and the first index it covers.
+        Node { shift: u32, base: u64 },
+    }
+
+    /// The tree's shape: empty, a single page at index 0 (held in the head, no node), or a
+    /// root node at this level.
+    #[derive(Debug, Clone, Copy)]
+    enum Tree {
+        Empty,
+        Single,
+        Root(u32),
+    }
+
+    /// The level a folio of this order is stored at.
+    fn level_of(order: u8) -> u32 {
+        u32::from(order) / CHUNK_SHIFT * CHUNK_SHIFT
+    }
+
+    /// Indexes covered by one slot of a node at `shift`.
+    fn slot_span(shift: u32) -> u64 {
+        1u64.checked_shl(shift).unwrap_or(0)
+    }
+
+    /// The first index covered by the parent of a node at `shift` that starts at `base`.
+    fn parent_base(shift: u32, base: u64) -> u64 {
+        match 1u64.checked_shl(shift + 2 * CHUNK_SHIFT) {
+            Some(span) => base & !(span - 1),
+            None => 0,
+        }
+    }
+
+    fn tree<S: Slots>(slots: &S) -> Tree {
+        if !slots.any_folio(0, u64::MAX) {
+            return Tree::Empty;
+        }
+        if !slots.any_folio(1, u64::MAX) && slots.folio_at(0) == Some((0, 0)) {
+            return Tree::Single;
+        }
+        let mut shift = 0;
+        while shift + CHUNK_SHIFT < 64 && slots.any_folio(1u64 << (shift + CHUNK_SHIFT), u64::MAX) {
+            shift += CHUNK_SHIFT;
+        }
+        // A folio as large as the whole range of such a root lives one level up.
+        if let Some((_, order)) = slots.folio_at(0) {
+            shift = shift.max(level_of(order));
+        }
+        Tree::Root(shift)
+    }
+
+    /// `struct xa_state` for one walk.
+    pub(super) struct Xas<'s, S: Slots> {
+        slots: &'s S,
+        tree: Tree,
+        pub(super) index: u64,
+        at: At,
+        offset: u64,
+    }
+
+    impl<'s, S: Slots> Xas<'s, S> {
+        /// `XA_STATE(xas, &mapping->i_pages, index)`.
+        pub(super) fn new(slots: &'s S, index: u64) -> Self {
+            Self {
+                slots,
+                tree: tree(slots),
+                index,
+                at: At::Restart,
+                offset: 0,
+            }
+        }
+
+        fn slot(&self, shift: u32, base: u64, offset: u64) -> Slot {
+            let first = base + (offset << shift);
+            match self.slots.folio_at(first) {
+                Some((head, order)) if level_of(order) >= shift => Slot::Folio {
+                    head: (head >> shift) & CHUNK_MASK,
+                },
+                _ if shift == 0 => Slot::Empty,
+                _ if self.slots.any_folio(first, first + (slot_span(shift) - 1)) => Slot::Node,
+                _ => Slot::Empty,
+            }
+        }
+
+        /// `xas_load`: from the head down to the entry for `index`; a sibling slot is resolved
+        /// to its entry's slot (the quirk's origin). Whether a folio is there.
+        fn load(&mut self) -> bool {
+            let root = match self.tree {
+                Tree::Empty => {
+                    self.at = if self.index == 0 {
+                        At::Head
+                    } else {
+                        At::Bounds
+                    };
+                    return false;
+                }
+                Tree::Single => {
+                    self.at = if self.index == 0 {
+                        At::Head
+                    } else {
+                        At::Bounds
+                    };
+                    return self.index == 0;
+                }
+                Tree::Root(shift) => shift,
+            };
+            if self.index.checked_shr(root).unwrap_or(0) > CHUNK_MASK {
+                self.at = At::Bounds;
+                return false;
+            }
+            let (mut shift, mut base) = (root, 0);
+            loop {
+                let offset = (self.index >> shift) & CHUNK_MASK;
+                match self.slot(shift, base, offset) {
+                    Slot::Node => {
+                        base += offset << shift;
+                        shift -= CHUNK_SHIFT;
+                    }
+                    Slot::Folio { head } => {
+                        self.at = At::Node { shift, base };
+                        self.offset = head;
+                        return true;
+                    }
+                    Slot::Empty => {
+                        self.at = At::Node { shift, base };
+                        self.offset = offset;
+                        return false;
+                    }
+                }
+            }
+        }
+
+        /// The descent that ends `__xas_next`/`__xas_prev`: from `offset` in the node at
+        /// `shift`, down through child nodes, each entered at the slot of `index`.
+        fn descend(&mut self, mut shift: u32, mut base: u64) -> bool {
+            loop {
+                match self.slot(shift, base, self.offset) {
+                    Slot::Node => {
+                        base += self.offset << shift;
+                        shift -= CHUNK_SHIFT;
+                        self.offset = (self.index >> shift) & CHUNK_MASK;
+                    }
+                    slot => {
+                        self.at = At::Node { shift, base };
+                        return slot != Slot::Empty;
+                    }
+                }
+            }
+        }
+
+        /// `xas_next`: whether the next slot holds a folio (`self.index` is its index).
+        pub(super) fn next(&mut self) -> bool {
+            let (mut shift, mut base) = match self.at {
+                At::Restart => return self.load(),
+                At::Head => {
+                    self.index = self.index.wrapping_add(1);
+                    self.at = At::Bounds;
+                    return false;
+                }
+                At::Bounds => {
+                    self.index = self.index.wrapping_add(1);
+                    return self.load();
+                }
+                At::Node { shift, base } => (shift, base),
+            };
+            if shift == 0 && self.offset != CHUNK_MASK {
+                self.index = self.index.wrapping_add(1);
+                self.offset += 1;
+                return self.slot(0, base, self.offset) != Slot::Empty;
+            }
+            self.index = self.index.wrapping_add(1);
+            if self.offset != (self.index >> shift) & CHUNK_MASK {
+                self.offset += 1;
+            }
+            while self.offset == CHUNK_MASK + 1 {
+                if matches!(self.tree, Tree::Root(root) if root == shift) {
+                    self.at = At::Bounds;
+                    return false;
+                }
+                let parent = shift + CHUNK_SHIFT;
+                self.offset = ((base >> parent) & CHUNK_MASK) + 1;
+                base = parent_base(shift, base);
+                shift = parent;
+            }
+            self.descend(shift, base)
+        }
+
+        /// `xas_prev`: whether the previous slot holds a folio (`self.index` is its index).
+        pub(super) fn prev(&mut self) -> bool {
+            let (mut shift, mut base) = match self.at {
+                At::Restart => return self.load(),
+                At::Head => {
+                    self.index = self.index.wrapping_sub(1);
+                    self.at = At::Bounds;
+                    return false;
+                }
+                At::Bounds => {
+                    self.index = self.index.wrapping_sub(1);
+                    return self.load();
+                }
+                At::Node { shift, base } => (shift, base),
+            };
+            if shift == 0 && self.offset != 0 {
+                self.index = self.index.wrapping_sub(1);
+                self.offset -= 1;
+                return self.slot(0, base, self.offset) != Slot::Empty;
+            }
+            self.index = self.index.wrapping_sub(1);
+            // The slot as the kernel's unsigned char: "one before 0" is 255.
+            let mut offset = self.offset as i64;
+            if self.offset != (self.index >> shift) & CHUNK_MASK {
+                offset -= 1;
+            }
+            while offset < 0 {
+                if matches!(self.tree, Tree::Root(root) if root == shift) {
+                    self.at = At::Bounds;
+                    return false;
+                }
+                let parent = shift + CHUNK_SHIFT;
+                offset = ((base >> parent) & CHUNK_MASK) as i64 - 1;
+                base = parent_base(shift, base);
+                shift = parent;
+            }
+            self.offset = offset as u64;
+            self.descend(shift, base)
+        }
     }
 }
 
@@ -441,7 +765,8 @@ pub(crate) fn fill(file: &Arc<Inode>, ra: &mut RaState, what: Fill) -> u64 {
 /// decision, fill.
 pub(crate) fn on_miss(file: &Arc<Inode>, ra: &mut RaState, index: u64, req: u64) {
     let Some(disk) = file.disk() else { return };
-    let (trigger, what) = sync_ra(ra, index, req, &file.geometry(), &file.mapping);
+    let probe = XaWalk(&file.mapping);
+    let (trigger, what) = sync_ra(ra, index, req, &file.geometry(), &probe);
     disk.ra.count(trigger);
     fill(file, ra, what);
 }
@@ -455,7 +780,8 @@ pub(crate) fn on_folio(file: &Arc<Inode>, ra: &mut RaState, folio: &FolioRef<'_>
         return;
     }
     let (index, pages) = (folio.index(), folio.nr_pages() as u64);
-    match async_ra(ra, index, pages, req, &file.geometry(), &file.mapping) {
+    let probe = XaWalk(&file.mapping);
+    match async_ra(ra, index, pages, req, &file.geometry(), &probe) {
         Some((trigger, what)) => {
             disk.ra.count(trigger);
             fill(file, ra, what);
@@ -660,6 +986,74 @@ impl<'f> Submission<'f> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Folios as (first page, order), for the xarray walk.
+    struct Folios(Vec<(u64, u8)>);
+
+    impl Slots for Folios {
+        fn folio_at(&self, index: u64) -> Option<(u64, u8)> {
+            self.0
+                .iter()
+                .copied()
+                .find(|&(first, order)| index >= first && index < first + (1 << order))
+        }
+        fn any_folio(&self, first: u64, last: u64) -> bool {
+            self.0
+                .iter()
+                .any(|&(f, order)| f <= last && f + (1 << order) > first)
+        }
+    }
+
+    /// Order-0 pages `first..end`.
+    fn pages(first: u64, end: u64) -> impl Iterator<Item = (u64, u8)> {
+        (first..end).map(|i| (i, 0))
+    }
+
+    #[test]
+    fn the_walk_from_inside_a_large_folio_lags_as_the_kernels_does() {
+        // Pages 0-3, then order-2 folios over 4..20 (a 6.18 async window), and far away 2048.
+        let mut folios: Vec<(u64, u8)> = pages(0, 4).collect();
+        folios.extend((4..20).step_by(4).map(|i| (i, 2)));
+        folios.push((2048, 0));
+        let walk = XaWalk(&Folios(folios));
+        // From page 4 (a folio's first page) the walk is in step: the gap is 20.
+        assert_eq!(walk.next_miss(4, 2048), 20);
+        // From page 5 (inside the folio at 4) the slot lags the index by 1: 21, as seen on
+        // 6.18 (interleaved streams, the window after a mark at 4 starts at 21).
+        assert_eq!(walk.next_miss(5, 2048), 21);
+        assert_eq!(walk.next_miss(7, 2048), 23);
+        // Backwards from page 3 (order-0 pages to 0): the whole file from its start.
+        assert_eq!(walk.prev_miss(3, 2048), u64::MAX);
+        // From the last page of the folio at 16, back to the head of the tree: the walk
+        // runs off the root 3 indexes early and stops at page 2 (not u64::MAX).
+        assert_eq!(walk.prev_miss(19, 2048), 2);
+        // A scan that ends inside the cached run: one past the range, as before.
+        assert_eq!(walk.prev_miss(3, 2), 1);
+        assert_eq!(walk.next_miss(0, 2), 2);
+    }
+
+    #[test]
+    fn the_walk_matches_the_plain_scan_on_order_0_pages() {
+        let folios: Vec<(u64, u8)> = pages(0, 100).chain(pages(130, 200)).collect();
+        let walk = XaWalk(&Folios(folios));
+        for (index, max) in [
+            (0, 50),
+            (10, 500),
+            (99, 5),
+            (150, 500),
+            (199, 80),
+            (120, 30),
+        ] {
+            let scan_next = (index..index + max)
+                .find(|&i| !(i < 100 || (130..200).contains(&i)))
+                .unwrap_or(index + max);
+            assert_eq!(walk.next_miss(index, max), scan_next, "next {index} {max}");
+        }
+        assert_eq!(walk.prev_miss(99, 500), u64::MAX);
+        assert_eq!(walk.prev_miss(160, 500), 129);
+        assert_eq!(walk.prev_miss(160, 10), 150);
+        assert_eq!(walk.prev_miss(100, 5), 100);
+    }
 
     #[test]
     fn init_and_next_sizes_match_the_spec_tables() {
