@@ -3,13 +3,14 @@
 use crate::core::CacheCore;
 use crate::error::Error;
 use crate::file::File;
-use crate::inode::Inode;
+use crate::inode::{FileTable, Inode};
 use crate::io::{Backend, DirectFile, EngineKind, OpenOptions};
 use crate::mapping::Mapping;
 use crate::mem::{MAX_ORDER, METADATA_BYTES_PER_PAGE, Memory, PAGE_SHIFT, PAGE_SIZE};
 use crate::policy::Policy;
 use crate::readahead::DEFAULT_RA_PAGES;
 use crate::reclaim::{Reclaim, ReclaimStats};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -191,6 +192,7 @@ impl CacheBuilder {
             mem.prefault().map_err(Error::Prefault)?;
         }
         Ok(Cache {
+            files: Arc::default(),
             inner: Arc::new(CacheCore {
                 mem: Arc::new(mem),
                 policy: self.policy,
@@ -269,6 +271,8 @@ impl Stats {
 #[derive(Debug, Clone)]
 pub struct Cache {
     inner: Arc<CacheCore>,
+    /// The files opened from storage, by identity (shared among their openers).
+    files: Arc<FileTable>,
 }
 
 static NEXT_MAPPING_ID: AtomicU64 = AtomicU64::new(1);
@@ -319,22 +323,56 @@ impl Cache {
     }
 
     /// Opens a file from storage with options (a buffered fallback for file systems without
-    /// direct I/O, a folio order limit).
+    /// direct I/O, a folio order limit, a file of its own).
+    ///
+    /// A file the cache already has open (the same device and inode) is shared: the same
+    /// [`File`] comes back, revalidated unless asked not to ([`OpenOptions::revalidate`]). Its
+    /// layout options (`max_order`, `insert_policy`) were fixed when it was first opened;
+    /// asking for others is [`Error::OpenConflict`] (open it apart with
+    /// [`OpenOptions::shared`]`(false)` to compare layouts on one file).
     pub fn open_with(&self, path: impl AsRef<Path>, options: OpenOptions) -> Result<File, Error> {
+        let path = path.as_ref();
         let max_order = self.checked_order(options.max_order)?;
-        let engine = self.inner.engine()?;
-        let backend = DirectFile::open(path.as_ref(), options, engine)?;
         let mut policy = self.inner.policy;
         if let Some(insert) = options.insert {
             policy.insert = insert;
         }
-        Ok(File::from_inode(Inode::new_disk(
-            &self.inner,
-            self.new_mapping(),
-            max_order,
-            policy,
-            Arc::new(backend),
-        )))
+        let engine = self.inner.engine()?;
+        let open = |table| -> Result<Arc<Inode>, Error> {
+            let backend = DirectFile::open(path, options, Arc::clone(&engine))?;
+            Inode::new_disk(
+                &self.inner,
+                self.new_mapping(),
+                max_order,
+                policy,
+                Arc::new(backend),
+                table,
+            )
+        };
+        if !options.shared {
+            return open(None).map(File::from_inode);
+        }
+        let meta = std::fs::metadata(path).map_err(|source| Error::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        let key = (meta.dev(), meta.ino());
+        let (inode, created) = self.files.get_or_open(key, open)?;
+        if !created {
+            if inode.max_order != max_order || inode.policy.insert != policy.insert {
+                return Err(Error::OpenConflict {
+                    path: path.to_owned(),
+                    reason: format!(
+                        "it is open in this cache with max_order {} and {:?} insertion",
+                        inode.max_order, inode.policy.insert
+                    ),
+                });
+            }
+            if options.revalidate {
+                inode.revalidate()?;
+            }
+        }
+        Ok(File::from_inode(inode))
     }
 
     /// Opens a file whose bytes come from `backend` (a custom source: a test double, a remote
@@ -351,13 +389,15 @@ impl Cache {
                 offset: backend.size(),
             });
         }
-        Ok(File::from_inode(Inode::new_disk(
+        Inode::new_disk(
             &self.inner,
             self.new_mapping(),
             max_order,
             self.inner.policy,
             backend,
-        )))
+            None,
+        )
+        .map(File::from_inode)
     }
 
     fn checked_order(&self, order: Option<u8>) -> Result<u8, Error> {

@@ -155,6 +155,14 @@ pub enum Error {
         /// What was found.
         reason: String,
     },
+    /// The file is already open in this cache with other layout options.
+    #[error("cannot open {path} with these options: {reason}")]
+    OpenConflict {
+        /// The path.
+        path: std::path::PathBuf,
+        /// What conflicts.
+        reason: String,
+    },
     /// The device (or backend) failed to read file bytes.
     #[error("I/O error reading {len} bytes at offset {offset}: {source}")]
     Io {

@@ -7,8 +7,9 @@
 
 use crate::error::Error;
 use crate::inode::Inode;
+use crate::inode::Revalidated;
 use crate::io::IoStats;
-use crate::mapping::{Mapping, MappingStats};
+use crate::mapping::{Mapping, MappingStats, RemoveError};
 use crate::mem::{PAGE_SHIFT, PAGE_SIZE};
 use crate::policy::{Policy, ReadPolicy, SmallReadPolicy};
 use crate::read::{self, ReadRun};
@@ -48,6 +49,16 @@ pub struct CachedRange {
     pub state: PageState,
     /// First pages of folios carrying the READAHEAD mark.
     pub marks: Vec<u64>,
+}
+
+/// What [`File::drop_cached`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropReport {
+    /// Pages dropped from the cache.
+    pub dropped_pages: u64,
+    /// Pages in the range that stayed because they were in use (a read in flight, or a
+    /// reader's reference).
+    pub busy_pages: u64,
 }
 
 /// Access-pattern advice for a handle ([`Handle::advise`]), as `posix_fadvise(2)`.
@@ -171,37 +182,62 @@ impl File {
     }
 
     /// Drops the idle folios of `offset..offset + len` (0: to end of file) from the cache, as
-    /// `POSIX_FADV_DONTNEED` does: folios that are locked (a read in flight) or referenced by a
-    /// reader stay. Returns the pages dropped. A memory file's folios are its data and stay.
-    pub fn drop_cached(&self, offset: u64, len: u64) -> u64 {
+    /// `POSIX_FADV_DONTNEED` does: pages only partly inside the range stay (as the kernel
+    /// rounds), and so do folios in use: locked (a read in flight) or referenced by a reader
+    /// (reported as busy). A memory file's folios are its data and stay.
+    pub fn drop_cached(&self, offset: u64, len: u64) -> DropReport {
+        let mut report = DropReport::default();
         if self.inner.disk().is_none() {
-            return 0;
+            return report;
         }
         let mapping = &self.inner.mapping;
-        let first = offset >> PAGE_SHIFT;
+        let first = offset.div_ceil(PAGE_SIZE as u64);
         let end = if len == 0 {
             u64::MAX
         } else {
-            offset.saturating_add(len).div_ceil(PAGE_SIZE as u64)
+            match offset.checked_add(len) {
+                Some(end) => end >> PAGE_SHIFT,
+                None => u64::MAX,
+            }
         };
         if end <= first {
-            return 0;
+            return report;
         }
-        let mut dropped = 0;
         // Like the kernel's invalidation, the range's shadow entries go too: dropping a range
         // on purpose is not a sign of memory pressure, and a later read of it is no refault.
         mapping.drop_shadows_in(first, end - 1);
         mapping.for_each_cached(first, end - 1, |folio| {
             let whole = folio.index() >= first && folio.index() + folio.nr_pages() as u64 <= end;
-            if !whole || folio.test(crate::mem::flag::LOCKED) {
+            if !whole {
                 return;
             }
             let pages = folio.nr_pages() as u64;
-            if mapping.remove_folio(folio, None).is_ok() {
-                dropped += pages;
+            if folio.test(crate::mem::flag::LOCKED) {
+                report.busy_pages += pages;
+                return;
+            }
+            match mapping.remove_folio(folio, None) {
+                Ok(()) => report.dropped_pages += pages,
+                Err(RemoveError::Busy(_)) => report.busy_pages += pages,
+                Err(_) => {} // left the file meanwhile
             }
         });
-        dropped
+        report
+    }
+
+    /// Looks at the file on storage again and, if another program changed it since this cache
+    /// last looked (at open, or at the last revalidation), takes its new size and drops every
+    /// cached page that may be stale (the kernel's `invalidate_mapping_pages`, for the whole
+    /// file). Reads after this see the file as it is now. Opening a file the cache has open
+    /// revalidates it too ([`OpenOptions::revalidate`](crate::OpenOptions::revalidate)).
+    ///
+    /// What is coherent: everything read after a revalidation that followed the other
+    /// program's change. What is not: reads between that change and the revalidation may
+    /// return the old bytes, or a mix of old and new pages. A change is seen through the size
+    /// and the modification and change times; a rewrite that keeps the size within one tick of
+    /// the file system's clock is missed. A memory file never changes behind the cache.
+    pub fn revalidate(&self) -> Result<Revalidated, Error> {
+        self.inner.revalidate()
     }
 
     /// The file size in bytes.

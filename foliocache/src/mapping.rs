@@ -668,9 +668,33 @@ impl Mapping {
     /// references (folios still referenced elsewhere are freed when their last holder lets go).
     /// Returns the number of pages of the folios removed.
     pub fn truncate(&self, pages: impl RangeBounds<u64>) -> u64 {
+        self.truncate_unless(pages, |_| false)
+    }
+
+    /// Removes, like [`truncate`](Self::truncate), every value and every folio lying entirely
+    /// inside the page range, except folios for which `keep(flags)` says true (asked under the
+    /// writer lock, which is where the write path changes DIRTY and WRITEBACK). Returns the
+    /// pages of the folios removed.
+    pub(crate) fn truncate_unless(
+        &self,
+        pages: impl RangeBounds<u64>,
+        mut keep: impl FnMut(u32) -> bool,
+    ) -> u64 {
         let removed = {
             let mut writer = self.lock();
-            let removed = writer.truncate(pages);
+            let mut removed = Vec::new();
+            writer.truncate_where(pages, |first, entry| {
+                let go = match entry {
+                    Entry::Folio { id, .. } => {
+                        !keep(self.mem().desc(id).flags.load(Ordering::Acquire))
+                    }
+                    Entry::Value { .. } => true,
+                };
+                if go {
+                    removed.push((first, entry));
+                }
+                go
+            });
             for (_, entry) in &removed {
                 if let Entry::Folio { id, .. } = entry {
                     self.mem().desc(*id).mapping.store(0, Ordering::Release);

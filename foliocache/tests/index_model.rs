@@ -244,6 +244,19 @@ impl Harness {
             Op::Truncate { base, start, len } => {
                 let first = BASES[base] + start;
                 let last = first + (len - 1).min(SPAN - 1 - start);
+                // The value entries before, with their extents (the index's business: values
+                // are split as folios go in among them), so the truncation can be checked
+                // exactly: values wholly inside the range go, straddlers stay unchanged.
+                let values_before: Vec<(u64, u64, u8)> = self
+                    .index
+                    .entries()
+                    .into_iter()
+                    .filter_map(|(at, e)| match e {
+                        Entry::Value { value, order } => Some((at, value, order)),
+                        Entry::Folio { .. } => None,
+                    })
+                    .filter(|&(at, _, order)| at <= last && at + (1u64 << order) > first)
+                    .collect();
                 let removed = self.index.lock().truncate(first..=last);
                 let mut removed_folios: Vec<(u64, u32)> = removed
                     .iter()
@@ -275,18 +288,40 @@ impl Harness {
                     };
                     self.model.fill(f, order, None);
                 }
-                // Values inside the range: gone or unchanged, never something else.
-                for i in first..=last {
-                    if let Some(Cell::Value(v)) = self.model.cells.get(&i).copied() {
-                        match self.index.load(i) {
-                            None => {
-                                self.model.cells.remove(&i);
-                            }
-                            Some(Entry::Value { value, .. }) => assert_eq!(value, v),
-                            other => panic!("index {i}: value {v} became {other:?}"),
+                let mut removed_values: Vec<(u64, u64, u8)> = removed
+                    .iter()
+                    .filter_map(|(at, e)| match e {
+                        Entry::Value { value, order } => Some((*at, *value, *order)),
+                        Entry::Folio { .. } => None,
+                    })
+                    .collect();
+                removed_values.sort_unstable();
+                let mut inside = Vec::new();
+                for &(at, value, order) in &values_before {
+                    let end = at + (1u64 << order) - 1;
+                    let wholly_inside = at >= first && end <= last;
+                    // Check (and update the model at) the indexes the harness uses.
+                    for i in at.max(first.saturating_sub(SPAN))..=end.min(last + SPAN) {
+                        let got = self.index.load(i);
+                        if wholly_inside {
+                            assert_eq!(
+                                got, None,
+                                "index {i}: value {value} inside the range stayed"
+                            );
+                            self.model.cells.remove(&i);
+                        } else {
+                            assert_eq!(
+                                got,
+                                Some(Entry::Value { value, order }),
+                                "index {i}: a value straddling the range changed"
+                            );
                         }
                     }
+                    if wholly_inside {
+                        inside.push((at, value, order));
+                    }
                 }
+                assert_eq!(removed_values, inside, "the values reported removed");
             }
         }
     }

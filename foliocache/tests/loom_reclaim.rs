@@ -99,7 +99,7 @@ fn eviction_races_drop_cached() {
             let cache = cache.clone();
             thread::spawn(move || cache.evict(1))
         };
-        let dropped = file.drop_cached(0, 4096);
+        let dropped = file.drop_cached(0, 4096).dropped_pages;
         let evicted = evictor.join().unwrap();
         assert!(dropped + evicted <= 1, "removed twice");
         check_consistent(&cache, &file);

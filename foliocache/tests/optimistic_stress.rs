@@ -2,29 +2,23 @@
 //! rewrite, truncate and regrow two memory files sharing a small cache, so a page freed by one
 //! file is soon reused by the other or at another index.
 //!
-//! Every page of file `f` at index `p` holds the 16-byte stamp `(f, p)` repeated. A small read
-//! must return, byte for byte, either that stamp or zeros (a hole, a punched or truncated and
-//! regrown range), or be short at end of file: never another file's or another page's bytes,
-//! never a mix within the stamp's words.
+//! Every change stamps the pages it touches with a new version (`common::versions`: the words
+//! `(file, page, generation)` repeated, or zeros). A small read must return, byte for byte,
+//! part of one version of its page that was current at some moment of the read, or be short
+//! at end of file: never a stale version, another file's or another page's bytes, never a mix.
 //!
-//! Duration: `FOLIOCACHE_STRESS_SECS` seconds per folio-order setting (default 2, halved).
+//! Duration: `FOLIOCACHE_STRESS_SECS` seconds per folio-order setting (default 2, halved),
+//! under a deadline.
 
 mod common;
 
+use common::versions::{Content, PAGE, Versions, stamp};
 use foliocache::{Cache, File, PAGE_SIZE, Policy, SmallReadPolicy};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const PAGES: u64 = 96;
-
-fn stamp(file: u64, page: u64) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(PAGE_SIZE);
-    while bytes.len() < PAGE_SIZE {
-        bytes.extend_from_slice(&file.to_le_bytes());
-        bytes.extend_from_slice(&page.to_le_bytes());
-    }
-    bytes
-}
 
 struct Rng(u64);
 impl Rng {
@@ -49,24 +43,37 @@ fn run(max_order: u8) {
         })
         .build()
         .unwrap();
-    let files: [File; 2] = [
+    let files: Arc<[File; 2]> = Arc::new([
         cache.create_memory_file(max_order).unwrap(),
         cache.create_memory_file(max_order).unwrap(),
-    ];
-    let ids = [1u64, 2];
-    for (file, id) in files.iter().zip(ids) {
+    ]);
+    let initial = Content::Stamp {
+        generation: 0,
+        zero: None,
+    };
+    let versions: Arc<[Versions; 2]> = Arc::new([
+        Versions::new(1, PAGES, initial),
+        Versions::new(2, PAGES, initial),
+    ]);
+    for (file, v) in files.iter().zip(versions.iter()) {
         for page in 0..PAGES {
-            file.write_at(&stamp(id, page), page * PAGE_SIZE as u64)
+            file.write_at(&stamp(v.file(), page, 0), page * PAGE_SIZE as u64)
                 .unwrap();
         }
     }
-    let stop = AtomicBool::new(false);
-    let (reads, nonzero) = (AtomicU64::new(0), AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reads, nonzero) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let deadline = Instant::now() + duration();
-    std::thread::scope(|s| {
-        for seed in 1..=2u64 {
-            let (files, stop, reads, nonzero) = (&files, &stop, &reads, &nonzero);
-            s.spawn(move || {
+    let readers: Vec<_> = (1..=2u64)
+        .map(|seed| {
+            let (files, versions, stop, reads, nonzero) = (
+                Arc::clone(&files),
+                Arc::clone(&versions),
+                Arc::clone(&stop),
+                Arc::clone(&reads),
+                Arc::clone(&nonzero),
+            );
+            std::thread::spawn(move || {
                 let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
                 let mut handles = [files[0].handle(), files[1].handle()];
                 let mut buf = [0u8; 256];
@@ -76,69 +83,104 @@ fn run(max_order: u8) {
                     let offset = rng.below(PAGE_SIZE as u64 - 1);
                     let len = 1 + rng.below(256.min(PAGE_SIZE as u64 - offset)) as usize;
                     let pos = page * PAGE_SIZE as u64 + offset;
+                    let before = versions[k].before(page, page);
                     let n = handles[k].read_at(&mut buf[..len], pos).unwrap();
-                    let got = &buf[..n];
-                    if got.iter().all(|&b| b == 0) {
-                        reads.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    let want = stamp(ids[k], page);
-                    assert_eq!(
-                        got,
-                        &want[offset as usize..offset as usize + n],
-                        "file {} page {page} offset {offset}: bytes of another page or file",
-                        ids[k]
-                    );
+                    versions[k].check(pos, &buf[..n], &before);
                     reads.fetch_add(1, Ordering::Relaxed);
-                    nonzero.fetch_add(1, Ordering::Relaxed);
+                    if buf[..n].iter().any(|&b| b != 0) {
+                        nonzero.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
-            });
+            })
+        })
+        .collect();
+    let mut rng = Rng(7);
+    let mut changes = 0u64;
+    while Instant::now() < deadline && readers.iter().all(|r| !r.is_finished()) {
+        let k = rng.below(2) as usize;
+        let (file, v) = (&files[k], &versions[k]);
+        let page = rng.below(PAGES);
+        // Each change: the pages it touches and what they then hold.
+        let (pages, content, outcome): (std::ops::Range<u64>, Content, _);
+        match rng.below(10) {
+            0 | 1 => {
+                pages = page..page + 1;
+                content = Content::Zero;
+                let seqs = begin(v, pages.clone(), content);
+                outcome = (seqs, file.punch_hole(page * PAGE as u64, PAGE as u64));
+            }
+            6 => {
+                pages = page..PAGES;
+                content = Content::Zero;
+                let seqs = begin(v, pages.clone(), content);
+                let result = file
+                    .set_len(page * PAGE as u64)
+                    .and_then(|()| file.set_len(PAGES * PAGE as u64));
+                outcome = (seqs, result);
+            }
+            choice => {
+                // One page, or a run (frees and reuses many folios at once).
+                let run = if choice <= 5 {
+                    1
+                } else {
+                    1 + rng.below(8).min(PAGES - page - 1)
+                };
+                pages = page..page + run;
+                let generation = v.generation();
+                content = Content::Stamp {
+                    generation,
+                    zero: None,
+                };
+                let seqs = begin(v, pages.clone(), content);
+                let bytes: Vec<u8> = pages
+                    .clone()
+                    .flat_map(|p| stamp(v.file(), p, generation))
+                    .collect();
+                let result = file.write_at(&bytes, page * PAGE as u64).map(|_| ());
+                outcome = (seqs, result);
+            }
         }
-        let mut rng = Rng(7);
-        let mut changes = 0u64;
-        while Instant::now() < deadline {
-            let k = rng.below(2) as usize;
-            let (file, id) = (&files[k], ids[k]);
-            let page = rng.below(PAGES);
-            let outcome = match rng.below(10) {
-                0 | 1 => file.punch_hole(page * PAGE_SIZE as u64, PAGE_SIZE as u64),
-                2..=5 => file
-                    .write_at(&stamp(id, page), page * PAGE_SIZE as u64)
-                    .map(|_| ()),
-                6 => file
-                    .set_len(page * PAGE_SIZE as u64)
-                    .and_then(|()| file.set_len(PAGES * PAGE_SIZE as u64)),
-                _ => {
-                    // Rewrite a run of pages: frees and reuses many folios at once.
-                    let run = 1 + rng.below(8).min(PAGES - page - 1);
-                    let bytes: Vec<u8> = (page..page + run).flat_map(|p| stamp(id, p)).collect();
-                    file.write_at(&bytes, page * PAGE_SIZE as u64).map(|_| ())
-                }
-            };
-            match outcome {
-                Ok(()) | Err(foliocache::Error::NoSpace { .. }) => {}
-                Err(other) => {
-                    stop.store(true, Ordering::Relaxed);
-                    panic!("{other}");
+        let (seqs, result) = outcome;
+        match result {
+            Ok(()) => {
+                for (p, seq) in pages.zip(seqs) {
+                    v.end(p, seq);
                 }
             }
-            changes += 1;
+            // All or nothing: a change that could not get memory left the file as it was.
+            Err(foliocache::Error::NoSpace { .. }) => {
+                for (p, seq) in pages.zip(seqs) {
+                    v.cancel(p, seq);
+                }
+            }
+            Err(other) => {
+                stop.store(true, Ordering::Relaxed);
+                panic!("{other}");
+            }
         }
-        stop.store(true, Ordering::Relaxed);
-        let retries: u64 = files
-            .iter()
-            .map(|f| f.mapping_stats().optimistic_retries)
-            .sum();
-        eprintln!(
-            "order {max_order}: {changes} changes, {} small reads ({} with data), {retries} optimistic retries",
-            reads.load(Ordering::Relaxed),
-            nonzero.load(Ordering::Relaxed)
-        );
-    });
+        changes += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        common::join_within(reader, Duration::from_secs(10), "a reader");
+    }
+    let retries: u64 = files
+        .iter()
+        .map(|f| f.mapping_stats().optimistic_retries)
+        .sum();
+    eprintln!(
+        "order {max_order}: {changes} changes, {} small reads ({} with data), {retries} optimistic retries",
+        reads.load(Ordering::Relaxed),
+        nonzero.load(Ordering::Relaxed)
+    );
     assert!(nonzero.load(Ordering::Relaxed) > 0, "no read returned data");
     drop(files);
     foliocache::raw::drain_cpu_caches(&cache);
     assert_eq!(cache.stats().free_pages, 3 * PAGES, "every folio was freed");
+}
+
+fn begin(v: &Versions, pages: std::ops::Range<u64>, content: Content) -> Vec<u64> {
+    pages.map(|p| v.begin(p, content)).collect()
 }
 
 #[test]

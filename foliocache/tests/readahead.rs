@@ -456,8 +456,16 @@ fn dont_need_drops_idle_folios_and_will_need_reads_ahead() {
         .unwrap();
     // Everything went except the folio a reader still holds.
     assert_eq!(file.mapping_stats().cached_pages, 1);
+    assert_eq!(
+        file.drop_cached(0, 0),
+        foliocache::DropReport {
+            dropped_pages: 0,
+            busy_pages: 1
+        },
+        "the held folio is reported busy"
+    );
     drop(held);
-    assert_eq!(file.drop_cached(0, 0), 1);
+    assert_eq!(file.drop_cached(0, 0).dropped_pages, 1);
 }
 
 #[test]

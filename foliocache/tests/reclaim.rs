@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PAGE: u64 = 4096;
 
@@ -502,8 +502,8 @@ fn the_index_reserve_moves_in_whole_huge_pages_on_a_huge_page_arena() {
 }
 
 /// Readers of two files (random and sequential), a scanner of a third, and explicit evictions,
-/// all on a budget a fraction of the data: every read returns the right bytes, and the run
-/// finishes (no deadlock, every reader makes progress) within a time bound.
+/// all on a budget a fraction of the data: every read returns the right bytes, every thread
+/// keeps making progress, and every thread ends when stopped (`common::run_stress`).
 #[test]
 fn readers_a_scanner_and_eviction_on_a_tiny_budget() {
     let cache = Cache::builder().capacity(256 << 10).build().unwrap();
@@ -513,93 +513,69 @@ fn readers_a_scanner_and_eviction_on_a_tiny_budget() {
             cache.open_backend(backend, None).unwrap()
         })
         .collect();
-    let stop = AtomicBool::new(false);
-    let progress: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
-    let deadline = Instant::now() + common::stress_duration();
-    std::thread::scope(|s| {
-        // Random 4 KiB..64 KiB reads of file 0 and file 1.
-        for (t, file) in files[..2].iter().enumerate() {
-            let (stop, progress) = (&stop, &progress[t]);
-            s.spawn(move || {
-                let mut handle = file.handle();
-                let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
-                let mut buf = vec![0u8; 64 << 10];
-                while !stop.load(Ordering::Relaxed) {
-                    seed ^= seed << 13;
-                    seed ^= seed >> 7;
-                    seed ^= seed << 17;
-                    let pos = seed % file.size();
-                    let len = 1 + (seed >> 40) as usize % buf.len();
-                    let n = handle.read_at(&mut buf[..len], pos).unwrap();
-                    assert!(n > 0, "no progress at {pos}");
-                    assert!(
-                        buf[..n]
-                            .iter()
-                            .enumerate()
-                            .all(|(k, &b)| b == byte_at(pos + k as u64)),
-                        "wrong bytes at {pos}"
-                    );
-                    progress.fetch_add(1, Ordering::Relaxed);
-                }
-            });
-        }
-        // A sequential scanner of file 2, again and again.
-        {
-            let (stop, progress, file) = (&stop, &progress[2], &files[2]);
-            s.spawn(move || {
-                let mut buf = vec![0u8; 8 << 10];
-                while !stop.load(Ordering::Relaxed) {
-                    let mut handle = file.handle();
-                    let mut pos = 0;
-                    while pos < file.size() && !stop.load(Ordering::Relaxed) {
-                        let n = handle.read_at(&mut buf, pos).unwrap();
-                        assert!(n > 0);
-                        assert!(
-                            buf[..n]
-                                .iter()
-                                .enumerate()
-                                .all(|(k, &b)| b == byte_at(pos + k as u64)),
-                            "scan: wrong bytes at {pos}"
-                        );
-                        pos += n as u64;
-                        progress.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            });
-        }
-        // Explicit evictions and drops.
-        {
-            let (stop, progress, cache, files) = (&stop, &progress[3], &cache, &files);
-            s.spawn(move || {
-                let mut k = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    cache.evict(16);
-                    files[(k % 3) as usize].drop_cached((k % 64) * 16 * PAGE, 16 * PAGE);
-                    k += 1;
-                    progress.fetch_add(1, Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            });
-        }
-        // The watchdog: stop at the deadline; fail if any thread stalls for 10 s.
-        let mut last: Vec<u64> = vec![0; 4];
-        let mut stalled_since = Instant::now();
-        while Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-            let now: Vec<u64> = progress.iter().map(|p| p.load(Ordering::Relaxed)).collect();
-            if now.iter().zip(&last).all(|(a, b)| a > b) {
-                stalled_since = Instant::now();
-                last = now;
-            } else if stalled_since.elapsed() > Duration::from_secs(10) {
-                stop.store(true, Ordering::Relaxed);
-                panic!("a thread made no progress for 10 s: {now:?}");
+    let mut workers: Vec<common::Worker> = Vec::new();
+    // Random 4 KiB..64 KiB reads of file 0 and file 1.
+    for (t, file) in files[..2].iter().enumerate() {
+        let file = file.clone();
+        workers.push(Box::new(move |stop: &AtomicBool, progress: &AtomicU64| {
+            let mut handle = file.handle();
+            let mut seed = 0x9E37_79B9_7F4A_7C15u64 ^ t as u64;
+            let mut buf = vec![0u8; 64 << 10];
+            while !stop.load(Ordering::Relaxed) {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let pos = seed % file.size();
+                let len = 1 + (seed >> 40) as usize % buf.len();
+                let n = handle.read_at(&mut buf[..len], pos).unwrap();
+                assert!(n > 0, "no progress at {pos}");
+                assert!(
+                    buf[..n]
+                        .iter()
+                        .enumerate()
+                        .all(|(k, &b)| b == byte_at(pos + k as u64)),
+                    "wrong bytes at {pos}"
+                );
+                progress.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // A sequential scanner of file 2, again and again.
+    let file = files[2].clone();
+    workers.push(Box::new(move |stop: &AtomicBool, progress: &AtomicU64| {
+        let mut buf = vec![0u8; 8 << 10];
+        while !stop.load(Ordering::Relaxed) {
+            let mut handle = file.handle();
+            let mut pos = 0;
+            while pos < file.size() && !stop.load(Ordering::Relaxed) {
+                let n = handle.read_at(&mut buf, pos).unwrap();
+                assert!(n > 0);
+                assert!(
+                    buf[..n]
+                        .iter()
+                        .enumerate()
+                        .all(|(k, &b)| b == byte_at(pos + k as u64)),
+                    "scan: wrong bytes at {pos}"
+                );
+                pos += n as u64;
+                progress.fetch_add(1, Ordering::Relaxed);
             }
         }
-        stop.store(true, Ordering::Relaxed);
-    });
-    for p in &progress {
-        assert!(p.load(Ordering::Relaxed) > 0);
-    }
+    }));
+    // Explicit evictions and drops.
+    let (evicting, dropping) = (cache.clone(), files.clone());
+    workers.push(Box::new(move |stop: &AtomicBool, progress: &AtomicU64| {
+        let mut k = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            evicting.evict(16);
+            dropping[(k % 3) as usize].drop_cached((k % 64) * 16 * PAGE, 16 * PAGE);
+            k += 1;
+            progress.fetch_add(1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }));
+    let progress = common::run_stress(common::stress_duration(), workers);
+    assert!(progress.iter().all(|&p| p > 0), "{progress:?}");
     let stats = cache.stats();
     assert!(
         stats.accounted_bytes() <= 256 << 10,

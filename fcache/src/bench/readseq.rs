@@ -344,7 +344,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     paths
                         .iter()
                         .map(|p| {
-                            let mut options = foliocache::OpenOptions::new().insert_policy(insert);
+                            // Each system its own file on the same memory (a file opened apart).
+                            let mut options = foliocache::OpenOptions::new()
+                                .shared(false)
+                                .insert_policy(insert);
                             if let Some(order) = max_order {
                                 options = options.max_order(order);
                             }

@@ -1,6 +1,6 @@
 //! The direct-file backend: a file opened with O_DIRECT, read by the cache's I/O engine.
 
-use super::{Backend, FileIo, ReadRequest, Transfer, threads, uring};
+use super::{Backend, FileIo, FileStamp, ReadRequest, Transfer, threads, uring};
 use crate::error::Error;
 use crate::inject::Inject;
 use std::fmt;
@@ -77,17 +77,49 @@ pub enum IoMode {
 }
 
 /// Options for opening a file from storage.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct OpenOptions {
     pub(crate) buffered_fallback: bool,
     pub(crate) max_order: Option<u8>,
     pub(crate) insert: Option<crate::InsertPolicy>,
+    pub(crate) shared: bool,
+    pub(crate) revalidate: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            buffered_fallback: false,
+            max_order: None,
+            insert: None,
+            shared: true,
+            revalidate: true,
+        }
+    }
 }
 
 impl OpenOptions {
-    /// The defaults: O_DIRECT required, folios up to the cache's max order.
+    /// The defaults: O_DIRECT required, folios up to the cache's max order, the file shared
+    /// with every other opener in this cache and revalidated when opened again.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Whether the file is the cache's one shared file for it (the default): every opener of
+    /// the same file (device and inode) in this cache gets the same [`File`](crate::File) and
+    /// sees one cache of it. `false` gives a file of its own, with its own mapping, that is
+    /// read only: for comparing policies on one file side by side (the benchmarks do).
+    pub fn shared(mut self, on: bool) -> Self {
+        self.shared = on;
+        self
+    }
+
+    /// When the cache already has the file open, look at it again
+    /// ([`File::revalidate`](crate::File::revalidate)): if another program changed it, the
+    /// new size is taken and stale pages are dropped. On by default (one `fstat`).
+    pub fn revalidate(mut self, on: bool) -> Self {
+        self.revalidate = on;
+        self
     }
 
     /// When the file system has no real direct I/O (tmpfs, or O_DIRECT refused), read through
@@ -136,7 +168,8 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 pub struct DirectFile {
     path: PathBuf,
     fd: Arc<OwnedFd>,
-    size: u64,
+    /// The size on storage, as last seen (at open, or by `stamp`).
+    size: std::sync::atomic::AtomicU64,
     mode: IoMode,
     /// How the engine treats the descriptor (its block size for O_DIRECT).
     io: FileIo,
@@ -147,7 +180,7 @@ impl fmt::Debug for DirectFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DirectFile")
             .field("path", &self.path)
-            .field("size", &self.size)
+            .field("size", &self.size())
             .field("mode", &self.mode)
             .field("engine", &self.engine.name())
             .finish()
@@ -216,7 +249,7 @@ impl DirectFile {
         Ok(Self {
             path: path.to_owned(),
             fd: Arc::new(OwnedFd::from(file)),
-            size: meta.len(),
+            size: std::sync::atomic::AtomicU64::new(meta.len()),
             mode,
             io,
             engine,
@@ -236,7 +269,7 @@ impl DirectFile {
 
 impl Backend for DirectFile {
     fn size(&self) -> u64 {
-        self.size
+        self.size.load(std::sync::atomic::Ordering::Acquire)
     }
 
     fn submit(&self, requests: Vec<ReadRequest>) {
@@ -245,6 +278,14 @@ impl Backend for DirectFile {
             .map(|request| Box::new(request) as Box<dyn Transfer>)
             .collect();
         self.engine.submit(&self.fd, transfers, self.io);
+    }
+
+    /// Also refreshes the size reads are issued against.
+    fn stamp(&self) -> std::io::Result<Option<FileStamp>> {
+        let stamp = FileStamp::of(&*self.fd)?;
+        self.size
+            .store(stamp.size, std::sync::atomic::Ordering::Release);
+        Ok(Some(stamp))
     }
 
     fn describe(&self) -> String {

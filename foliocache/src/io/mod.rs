@@ -58,6 +58,47 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn describe(&self) -> String {
         format!("{self:?}")
     }
+
+    /// What the file looks like now (identity, size, change times), to tell whether it changed
+    /// since it was last looked at ([`File::revalidate`](crate::File::revalidate)). `None` (the
+    /// default) for a source that does not change behind the cache's back.
+    fn stamp(&self) -> io::Result<Option<FileStamp>> {
+        Ok(None)
+    }
+}
+
+/// What a file looks like at one moment: its identity and what changes when its bytes do.
+/// Compared by [`File::revalidate`](crate::File::revalidate). The times have the file
+/// system's granularity (ext4: nanoseconds, updated at a few milliseconds' ticks), so a
+/// rewrite that keeps the size within one tick is not seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStamp {
+    /// Device and inode number.
+    pub dev: u64,
+    /// Inode number.
+    pub ino: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Last modification, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// Last status change (also moved by writes and truncation), nanoseconds since the epoch.
+    pub ctime_ns: i128,
+}
+
+impl FileStamp {
+    /// The stamp of an open file (its `fstat`).
+    pub(crate) fn of(fd: impl std::os::fd::AsFd) -> io::Result<Self> {
+        let stat = rustix::fs::fstat(fd)?;
+        let ns = |sec: i64, nsec: i64| i128::from(sec) * 1_000_000_000 + i128::from(nsec);
+        #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+        Ok(Self {
+            dev: stat.st_dev as u64,
+            ino: stat.st_ino as u64,
+            size: stat.st_size as u64,
+            mtime_ns: ns(stat.st_mtime as i64, stat.st_mtime_nsec as i64),
+            ctime_ns: ns(stat.st_ctime as i64, stat.st_ctime_nsec as i64),
+        })
+    }
 }
 
 /// One I/O an engine carries out: a contiguous run of folio memory at a file offset, read into

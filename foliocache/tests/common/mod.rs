@@ -240,3 +240,79 @@ pub fn per_engine(
     }
     out
 }
+
+pub mod versions;
+
+/// Joins `thread`, waiting at most `limit`: a thread that does not end in time fails the test
+/// (a hang), and a thread that panicked fails it with its own message.
+pub fn join_within(thread: std::thread::JoinHandle<()>, limit: Duration, what: &str) {
+    let start = std::time::Instant::now();
+    while !thread.is_finished() {
+        assert!(
+            start.elapsed() < limit,
+            "{what} did not end within {limit:?} of being stopped (a hang)"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    if let Err(panic) = thread.join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// One stress worker: loops until the stop flag is set, bumping its progress counter.
+pub type Worker =
+    Box<dyn FnOnce(&std::sync::atomic::AtomicBool, &std::sync::atomic::AtomicU64) + Send>;
+
+/// How long a stress worker may go without progress before the run fails as stalled: half
+/// the run (so a stall is caught within the run), at least 0.5 s (threads of a busy 2-CPU
+/// machine can be descheduled for a while) and at most 3 s.
+pub fn stall_limit(time: Duration) -> Duration {
+    (time / 2).clamp(Duration::from_millis(500), Duration::from_secs(3))
+}
+
+/// Runs `workers` on threads of their own for `time`, watching them: a worker that makes no
+/// progress for [`stall_limit`] fails the run (a deadlock or a hang), as does one that does
+/// not end within 10 s of the stop, or one that panics (with its own message). Returns each
+/// worker's progress count.
+pub fn run_stress(time: Duration, workers: Vec<Worker>) -> Vec<u64> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress: Vec<Arc<AtomicU64>> = workers.iter().map(|_| Arc::default()).collect();
+    let threads: Vec<_> = workers
+        .into_iter()
+        .zip(&progress)
+        .map(|(work, counter)| {
+            let (stop, counter) = (Arc::clone(&stop), Arc::clone(counter));
+            std::thread::spawn(move || work(&stop, &counter))
+        })
+        .collect();
+    let stall = stall_limit(time);
+    let start = std::time::Instant::now();
+    let mut last: Vec<(u64, std::time::Instant)> = progress.iter().map(|_| (0, start)).collect();
+    let mut failure = None;
+    while start.elapsed() < time && failure.is_none() {
+        std::thread::sleep(Duration::from_millis(20));
+        for (k, (count, since)) in last.iter_mut().enumerate() {
+            let now = progress[k].load(Ordering::Relaxed);
+            if threads[k].is_finished() {
+                failure = Some(format!("worker {k} ended early (it panicked?)"));
+            } else if now != *count {
+                *count = now;
+                *since = std::time::Instant::now();
+            } else if since.elapsed() > stall {
+                failure = Some(format!(
+                    "worker {k} made no progress for {stall:?} (a hang?)"
+                ));
+            }
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for (k, thread) in threads.into_iter().enumerate() {
+        join_within(thread, Duration::from_secs(10), &format!("worker {k}"));
+    }
+    if let Some(failure) = failure {
+        panic!("{failure}");
+    }
+    progress.iter().map(|p| p.load(Ordering::Relaxed)).collect()
+}

@@ -1,0 +1,207 @@
+//! Files changed on storage by another program: after revalidation (explicit, or by opening
+//! the file again) every byte read is the new content; files are shared per inode within a
+//! cache; a file replaced by rename is a new file.
+
+mod common;
+
+use common::{child_role, run_child, skip};
+use foliocache::{Cache, Error, File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+/// The content of generation `g` of a test file: every byte says its generation and position.
+fn content(generation: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|k| (k as u8).wrapping_mul(31) ^ generation.wrapping_mul(97))
+        .collect()
+}
+
+fn read_whole(file: &File) -> Vec<u8> {
+    let mut out = vec![0u8; file.size() as usize];
+    let mut handle = file.handle();
+    let mut at = 0;
+    while at < out.len() {
+        let n = handle.read_at(&mut out[at..], at as u64).unwrap();
+        assert!(n > 0, "short read before end of file");
+        at += n;
+    }
+    out
+}
+
+fn path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name)
+}
+
+/// Done by another process (a child of this test binary): writes generation `g` of `len`
+/// bytes over the file in place (no truncation: the inode and, when `len` is the same, the
+/// size stay), or truncates it to `len` first.
+fn child_writes(path: &Path, generation: u8, len: usize, truncate: bool) {
+    // The file system's clock ticks every few milliseconds: keep each change in a tick of
+    // its own, so its times differ from the last one's (see `File::revalidate`).
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    let role = format!(
+        "write:{}:{generation}:{len}:{}",
+        path.display(),
+        u8::from(truncate)
+    );
+    assert!(
+        run_child(
+            "a_file_rewritten_by_another_process_is_seen_after_revalidation",
+            &role
+        )
+        .success()
+    );
+}
+
+fn run_as_child(role: &str) {
+    let parts: Vec<&str> = role.split(':').collect();
+    let [_, path, generation, len, truncate] = parts[..] else {
+        panic!("bad role {role}");
+    };
+    let bytes = content(generation.parse().unwrap(), len.parse().unwrap());
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).truncate(truncate == "1");
+    use std::io::Write;
+    let mut file = options.open(path).unwrap();
+    file.write_all(&bytes).unwrap();
+    file.sync_all().unwrap();
+}
+
+fn open(cache: &Cache, path: &Path) -> Option<File> {
+    match cache.open(path) {
+        Ok(file) => Some(file),
+        Err(Error::NoDirectIo { .. }) => {
+            skip("the target directory's file system has no direct I/O");
+            None
+        }
+        Err(error) => panic!("{error}"),
+    }
+}
+
+#[test]
+fn a_file_rewritten_by_another_process_is_seen_after_revalidation() {
+    if let Some(role) = child_role() {
+        run_as_child(&role);
+        return;
+    }
+    let path = path("coherence-rewrite");
+    let len = 300_000;
+    std::fs::write(&path, content(1, len)).unwrap();
+    let cache = Cache::builder().capacity(8 << 20).build().unwrap();
+    let Some(file) = open(&cache, &path) else {
+        return;
+    };
+    assert_eq!(read_whole(&file), content(1, len));
+    assert!(file.mapping_stats().cached_pages > 0);
+    assert!(!file.revalidate().unwrap().changed, "nothing changed yet");
+
+    // Rewritten in place, same size: the cache still holds generation 1's pages until it
+    // revalidates; then every byte is generation 2's.
+    child_writes(&path, 2, len, false);
+    let revalidated = file.revalidate().unwrap();
+    assert!(revalidated.changed);
+    assert_eq!(revalidated.size, len as u64);
+    assert!(revalidated.dropped_pages > 0);
+    assert_eq!(read_whole(&file), content(2, len));
+
+    // Truncated and rewritten shorter: the size follows.
+    child_writes(&path, 3, 123_457, true);
+    assert!(file.revalidate().unwrap().changed);
+    assert_eq!(file.size(), 123_457);
+    assert_eq!(read_whole(&file), content(3, 123_457));
+
+    // Grown: opening the file again revalidates it, and gives the same shared file.
+    child_writes(&path, 4, 500_001, true);
+    let again = open(&cache, &path).unwrap();
+    assert_eq!(again.size(), 500_001);
+    assert_eq!(
+        read_whole(&file),
+        content(4, 500_001),
+        "one file, seen through both"
+    );
+    assert_eq!(
+        foliocache::raw::mapping(&again).id(),
+        foliocache::raw::mapping(&file).id()
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_reader_holding_pages_across_a_revalidation_keeps_whole_old_pages() {
+    if let Some(role) = child_role() {
+        run_as_child(&role);
+        return;
+    }
+    let path = path("coherence-held");
+    let len = 64 << 10;
+    std::fs::write(&path, content(1, len)).unwrap();
+    let cache = Cache::builder().capacity(8 << 20).build().unwrap();
+    let Some(file) = open(&cache, &path) else {
+        return;
+    };
+    let mut handle = file.handle();
+    let run = handle.read_folios(0, len).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    std::fs::write(&path, content(2, len)).unwrap();
+    assert!(file.revalidate().unwrap().changed);
+    // The pinned pages left the file but are still the old ones, whole.
+    assert_eq!(run.to_vec(), content(1, len));
+    drop(run);
+    assert_eq!(read_whole(&file), content(2, len));
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn a_file_replaced_by_rename_is_a_new_file() {
+    let path = path("coherence-rename");
+    let fresh = path.with_extension("new");
+    std::fs::write(&path, content(1, 10_000)).unwrap();
+    let cache = Cache::builder().capacity(8 << 20).build().unwrap();
+    let Some(old) = open(&cache, &path) else {
+        return;
+    };
+    assert_eq!(read_whole(&old), content(1, 10_000));
+    std::fs::write(&fresh, content(2, 20_000)).unwrap();
+    std::fs::rename(&fresh, &path).unwrap();
+    let new = open(&cache, &path).unwrap();
+    assert_ne!(
+        foliocache::raw::mapping(&new).id(),
+        foliocache::raw::mapping(&old).id()
+    );
+    assert_eq!(read_whole(&new), content(2, 20_000));
+    // Whoever had the old file open still reads it (as with an unlinked file).
+    assert_eq!(read_whole(&old), content(1, 10_000));
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn files_are_shared_per_inode_and_layout_conflicts_are_errors() {
+    let path = path("coherence-shared");
+    std::fs::write(&path, content(1, 50_000)).unwrap();
+    let cache = Cache::builder().capacity(8 << 20).build().unwrap();
+    let Some(a) = open(&cache, &path) else {
+        return;
+    };
+    let b = cache.open(&path).unwrap();
+    assert_eq!(
+        foliocache::raw::mapping(&a).id(),
+        foliocache::raw::mapping(&b).id()
+    );
+    let err = cache
+        .open_with(&path, OpenOptions::new().max_order(0))
+        .unwrap_err();
+    assert!(matches!(err, Error::OpenConflict { .. }), "{err}");
+    let apart = cache
+        .open_with(&path, OpenOptions::new().max_order(0).shared(false))
+        .unwrap();
+    assert_ne!(
+        foliocache::raw::mapping(&apart).id(),
+        foliocache::raw::mapping(&a).id()
+    );
+    assert_eq!(read_whole(&apart), content(1, 50_000));
+    // Once every holder let go, a new open makes a new file.
+    let id = foliocache::raw::mapping(&a).id();
+    drop((a, b));
+    let c = cache.open(&path).unwrap();
+    assert_ne!(foliocache::raw::mapping(&c).id(), id);
+    std::fs::remove_file(&path).unwrap();
+}
