@@ -23,6 +23,8 @@ pub(crate) struct Inject {
     pub(crate) completion_panics: AtomicU32,
     /// Write completions to turn into `ENOSPC`.
     pub(crate) nospace_errors: AtomicU32,
+    /// Events faulted so far, all kinds together.
+    pub(crate) fired: AtomicU64,
 }
 
 impl Inject {
@@ -42,8 +44,12 @@ impl Inject {
         if !self.armed() {
             return false;
         }
-        counter
+        let taken = counter
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-            .is_ok()
+            .is_ok();
+        if taken {
+            self.fired.fetch_add(1, Ordering::Relaxed);
+        }
+        taken
     }
 }

@@ -148,4 +148,9 @@ impl Injector {
     pub fn completion_panics(&self, n: u32) {
         self.inject.arm(&self.inject.completion_panics, n);
     }
+
+    /// How many armed faults have fired so far (all kinds).
+    pub fn fired(&self) -> u64 {
+        self.inject.fired.load(Ordering::Relaxed)
+    }
 }

@@ -91,6 +91,7 @@ fn device_errors_reach_the_reader_and_a_retry_reads() {
 
 #[test]
 fn a_panic_while_completing_fails_that_request_and_the_engine_goes_on() {
+    common::quiet_injected_panics();
     let path = test_file("engine-faults-panic", SIZE);
     for (kind, cache, file) in per_engine(cache, &path) {
         // Each panic happens after the first folio of its request was ended: the rest of

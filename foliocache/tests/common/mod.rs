@@ -316,3 +316,23 @@ pub fn run_stress(time: Duration, workers: Vec<Worker>) -> Vec<u64> {
     }
     progress.iter().map(|p| p.load(Ordering::Relaxed)).collect()
 }
+
+/// Keeps the panics that tests inject on purpose (their message says "injected") from
+/// filling the output; every other panic is reported as usual.
+pub fn quiet_injected_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let message = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            if !message.contains("injected") {
+                default(info);
+            }
+        }));
+    });
+}
