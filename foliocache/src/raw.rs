@@ -43,7 +43,7 @@ use std::sync::atomic::Ordering;
 
 pub use crate::fault::MMAP_LOTSAMISS;
 pub use crate::index::{
-    Cursor, Entry, Index, IndexView, IndexWriter, MAX_ENTRY_ORDER, MAX_VALUE, NODE_BYTES,
+    Cursor, Entry, Index, IndexView, IndexWriter, MAX_ENTRY_ORDER, MAX_VALUE, Mark, NODE_BYTES,
     NodeMeter, RangeInsert, RangeStop,
 };
 pub use crate::io::probe;

@@ -6,7 +6,9 @@
 //! checked after every step by loads, batches, next/prev misses and a full listing.
 
 use foliocache::Error;
-use foliocache::raw::{Entry, Index, RangeStop};
+use foliocache::raw::{Entry, Index, Mark, RangeStop};
+
+const MARKS: [Mark; 3] = [Mark::Dirty, Mark::ToWrite, Mark::Writeback];
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -33,6 +35,8 @@ enum Cell {
 #[derive(Default)]
 struct Model {
     cells: HashMap<u64, Cell>,
+    /// Marks of the folios, by first index.
+    marks: HashMap<u64, [bool; 3]>,
 }
 
 impl Model {
@@ -94,6 +98,12 @@ enum Op {
         order: u8,
         value: u64,
     },
+    Mark {
+        base: usize,
+        at: u64,
+        mark: usize,
+        on: bool,
+    },
 }
 
 fn order() -> impl Strategy<Value = u8> {
@@ -111,8 +121,10 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(base, at, shadow)| Op::Remove { base, at, shadow }),
         2 => (base.clone(), 0..SPAN, 1..SPAN)
             .prop_map(|(base, start, len)| Op::Truncate { base, start, len }),
-        1 => (base, 10u8..=11, 1u64..1000)
+        1 => (base.clone(), 10u8..=11, 1u64..1000)
             .prop_map(|(base, order, value)| Op::BigValue { base, order, value }),
+        5 => (base, 0..SPAN, 0usize..3, prop::bool::weighted(0.7))
+            .prop_map(|(base, at, mark, on)| Op::Mark { base, at, mark, on }),
     ]
 }
 
@@ -234,11 +246,39 @@ impl Harness {
                         let got = self.index.lock().remove(at, Some(entry), shadow).unwrap();
                         assert_eq!(got, Some(entry));
                         self.model.fill(first, order, shadow.map(Cell::Value));
+                        self.model.marks.remove(&first);
                     }
                     None => {
                         assert_eq!(self.index.lock().remove(at, None, shadow).unwrap(), None);
                     }
                     Some(Cell::Value(_)) => {} // value extents are the index's business
+                }
+            }
+            Op::Mark { base, at, mark, on } => {
+                let at = BASES[base] + at;
+                let which = MARKS[mark];
+                let folio = match self.model.cells.get(&at) {
+                    Some(Cell::Folio { first, .. }) => Some(*first),
+                    _ => None,
+                };
+                let mut writer = self.index.lock();
+                let done = if on {
+                    writer.set_mark(at, which)
+                } else {
+                    writer.clear_mark(at, which)
+                };
+                drop(writer);
+                match folio {
+                    Some(first) => {
+                        let marks = self.model.marks.entry(first).or_default();
+                        if on {
+                            assert!(done, "set_mark on a folio at {at}");
+                        } else {
+                            assert_eq!(done, marks[mark], "clear_mark reports what was set");
+                        }
+                        marks[mark] = on;
+                    }
+                    None => assert!(!done, "a mark at {at}, where no folio is"),
                 }
             }
             Op::Truncate { base, start, len } => {
@@ -287,6 +327,7 @@ impl Harness {
                         unreachable!()
                     };
                     self.model.fill(f, order, None);
+                    self.model.marks.remove(&f);
                 }
                 let mut removed_values: Vec<(u64, u64, u8)> = removed
                     .iter()
@@ -385,6 +426,46 @@ impl Harness {
         for base in 0..BASES.len() {
             self.check_around(base, 0, SPAN);
         }
+        // Marks: the marked entries, found through the nodes' marks, are the model's.
+        let writer = self.index.lock();
+        if let Err(broken) = writer.check_invariants() {
+            panic!("index bookkeeping: {broken}");
+        }
+        for (m, mark) in MARKS.iter().enumerate() {
+            let mut want: Vec<u64> = self
+                .model
+                .marks
+                .iter()
+                .filter(|(_, marks)| marks[m])
+                .map(|(first, _)| *first)
+                .collect();
+            want.sort_unstable();
+            let mut got = Vec::new();
+            let mut from = 0u64;
+            while let Some((first, entry)) = writer.next_marked(from, u64::MAX, *mark) {
+                assert!(entry.is_folio());
+                got.push(first);
+                match first.checked_add(1u64 << entry.order()) {
+                    Some(next) => from = next,
+                    None => break,
+                }
+            }
+            assert_eq!(got, want, "entries carrying {mark:?}");
+            for &first in &want {
+                assert!(writer.get_mark(first, *mark));
+            }
+            // From inside a marked entry, the search finds that entry.
+            if let Some(&first) = want.first()
+                && let Some(Cell::Folio { order, .. }) = self.model.cells.get(&first)
+            {
+                let inside = first + ((1u64 << order) - 1);
+                assert_eq!(
+                    writer.next_marked(inside, u64::MAX, *mark).map(|e| e.0),
+                    Some(first)
+                );
+            }
+        }
+        drop(writer);
         // A listing matches the model and is sorted and non-overlapping.
         let entries = self.index.entries();
         let mut end: Option<u64> = None;
@@ -460,6 +541,7 @@ fn op_region(op: &Op) -> (usize, u64, u64) {
         Op::Remove { base, at, .. } => (base, at.saturating_sub(600), at + 600),
         Op::Truncate { base, start, len } => (base, start.saturating_sub(600), start + len + 600),
         Op::BigValue { base, .. } => (base, 0, SPAN),
+        Op::Mark { base, at, .. } => (base, at.saturating_sub(2), at + 2),
     }
 }
 
@@ -481,6 +563,9 @@ proptest! {
             }
             let (base, lo, hi) = op_region(op);
             h.check_around(base, lo, hi);
+            if let Err(broken) = h.index.lock().check_invariants() {
+                panic!("after {op:?}: {broken}");
+            }
         }
         h.check_all();
         for (base, at, max) in queries {
@@ -593,4 +678,76 @@ fn multi_order_entry_is_found_anywhere_in_its_range() {
     assert_eq!(index.load(1536), None);
     assert_eq!(index.next_miss(1024, 1000), 1536);
     assert_eq!(index.prev_miss(1535, 1000), 1023);
+}
+
+/// Marks through every structural change, densely: folios of several orders marked, then
+/// truncated, removed (with and without shadows), re-inserted where marked ones were (a new
+/// entry must start unmarked), and the tree grown past the old root.
+#[test]
+fn marks_follow_removal_truncation_and_growth() {
+    for order in [0u8, 3, 6, 7] {
+        let index = Index::new();
+        let size = 1u64 << order;
+        let count = 96u64;
+        let mut w = index.lock();
+        for k in 0..count {
+            w.insert(k * size, fe(k as u32, order)).unwrap();
+        }
+        for k in (0..count).step_by(2) {
+            for mark in MARKS {
+                assert!(w.set_mark(k * size + size / 2, mark));
+            }
+        }
+        w.check_invariants().unwrap();
+        let marked = |w: &foliocache::raw::IndexWriter<'_>, mark| {
+            let mut out = Vec::new();
+            let mut from = 0;
+            while let Some((first, _)) = w.next_marked(from, u64::MAX, mark) {
+                out.push(first / size);
+                from = first + size;
+            }
+            out
+        };
+        let evens: Vec<u64> = (0..count).step_by(2).collect();
+        assert_eq!(marked(&w, Mark::Dirty), evens);
+        // Truncate the middle third, remove two more (one leaving a shadow), clear a mark.
+        w.truncate(32 * size..64 * size);
+        w.remove(2 * size, None, None).unwrap();
+        w.remove(4 * size, None, Some(9)).unwrap();
+        assert!(w.clear_mark(6 * size, Mark::ToWrite));
+        assert!(!w.clear_mark(6 * size, Mark::ToWrite), "already clear");
+        w.check_invariants().unwrap();
+        let left: Vec<u64> = evens
+            .iter()
+            .copied()
+            .filter(|&k| !(32..64).contains(&k) && k != 2 && k != 4)
+            .collect();
+        assert_eq!(marked(&w, Mark::Dirty), left);
+        assert_eq!(
+            marked(&w, Mark::ToWrite),
+            left.iter().copied().filter(|&k| k != 6).collect::<Vec<_>>()
+        );
+        // New folios where marked ones were carry no mark.
+        for k in [2u64, 4, 32, 34, 40] {
+            w.insert(k * size, fe(1000 + k as u32, order)).unwrap();
+            assert!(!w.get_mark(k * size, Mark::Dirty), "order {order} page {k}");
+        }
+        w.check_invariants().unwrap();
+        // Growing the tree keeps the marks reachable from the new root.
+        w.insert(1 << 40, fe(5000, 0)).unwrap();
+        assert!(w.set_mark(1 << 40, Mark::Writeback));
+        w.check_invariants().unwrap();
+        assert_eq!(
+            w.next_marked(0, u64::MAX, Mark::Writeback)
+                .map(|e| e.0 / size),
+            Some(0)
+        );
+        let mut all = marked(&w, Mark::Writeback);
+        all.retain(|&k| k != (1 << 40) / size);
+        assert_eq!(all, left);
+        // Emptying everything leaves no mark behind.
+        w.truncate(..);
+        w.check_invariants().unwrap();
+        assert_eq!(w.next_marked(0, u64::MAX, Mark::Dirty), None);
+    }
 }

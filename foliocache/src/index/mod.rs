@@ -30,7 +30,7 @@ pub(crate) mod reclaim;
 use crate::error::Error;
 use crate::sync::unmodelled::{AtomicUsize as StatUsize, Ordering as StatOrdering};
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
-use node::{CHUNK, CHUNK_SHIFT, Node, is_node};
+use node::{CHUNK, CHUNK_SHIFT, MARKS, Node, is_node};
 pub use node::{Entry, MAX_VALUE};
 use reclaim::{Guard, pin};
 use std::ops::{Bound, RangeBounds};
@@ -87,6 +87,19 @@ impl Default for Index {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// The marks an entry can carry (the kernel's xarray marks, as the page cache uses them). Marks
+/// are kept per node for whole subtrees, so the marked entries of a range are found without
+/// visiting the unmarked ones. Only folio entries are marked, and only under the writer lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mark {
+    /// The folio holds data not yet written back (`PAGECACHE_TAG_DIRTY`).
+    Dirty = 0,
+    /// An integrity sync must write the folio (`PAGECACHE_TAG_TOWRITE`).
+    ToWrite = 1,
+    /// The folio is being written back (`PAGECACHE_TAG_WRITEBACK`).
+    Writeback = 2,
 }
 
 /// Why [`IndexWriter::insert_range`] stopped before inserting every entry.
@@ -725,12 +738,110 @@ impl IndexWriter<'_> {
         for slot in &holder.slots[first_slot..first_slot + span] {
             slot.store(replacement, Ordering::Release);
         }
+        let was = holder.clear_slot_marks(first_slot);
+        unmark_path(&path, holder, was);
         if replacement == 0 {
             holder.count.fetch_sub(span as u16, StatOrdering::Relaxed);
             self.prune(path, holder);
         }
         self.shrink();
         Ok(Some(found))
+    }
+
+    /// The entry covering `index`: the path down to its node (parents first), the node, the
+    /// first slot of its group, and the entry.
+    #[allow(clippy::type_complexity)]
+    fn locate(&self, index: u64) -> Option<(Vec<(*const Node, usize)>, &Node, usize, Entry)> {
+        let mut path: Vec<(*const Node, usize)> = Vec::with_capacity(12);
+        let mut node = self.index.root_node();
+        loop {
+            if node.is_null() {
+                return None;
+            }
+            // SAFETY: under the writer lock (held for the borrow of `self`) every node
+            // reachable from the root is live.
+            let n = unsafe { &*node };
+            let top = u32::from(n.shift) + CHUNK_SHIFT;
+            if path.is_empty() && top < 64 && index >> top != 0 {
+                return None;
+            }
+            let offset = n.offset(index);
+            let word = n.slots[offset].load(Ordering::Relaxed);
+            if is_node(word) {
+                path.push((node, offset));
+                node = word as *const Node;
+                continue;
+            }
+            let entry = Entry::decode(word)?;
+            let (first_slot, _) = group(n, index, entry.order());
+            return Some((path, n, first_slot, entry));
+        }
+    }
+
+    /// Checks the tree's own bookkeeping (for tests): every node's count of used slots, and
+    /// that a mark bit is set exactly where it leads to a marked entry: on the first slot of
+    /// a folio entry's group, or on a child with that mark somewhere below.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let root = self.index.root_node();
+        if root.is_null() {
+            return Ok(());
+        }
+        // SAFETY: live under the writer lock.
+        check_node(unsafe { &*root })
+    }
+
+    /// Sets `mark` on the folio entry covering `index`; returns whether there is one.
+    pub fn set_mark(&mut self, index: u64, mark: Mark) -> bool {
+        let Some((path, node, slot, entry)) = self.locate(index) else {
+            return false;
+        };
+        if !entry.is_folio() {
+            return false;
+        }
+        let m = mark as usize;
+        if node.set_mark_bit(m, slot, true) != 0 {
+            return true; // the ancestors already lead here
+        }
+        for &(parent, offset) in path.iter().rev() {
+            // SAFETY: walked under the writer lock, still held.
+            let p = unsafe { &*parent };
+            if p.set_mark_bit(m, offset, true) != 0 {
+                break;
+            }
+        }
+        true
+    }
+
+    /// Clears `mark` from the entry covering `index`; returns whether it was set.
+    pub fn clear_mark(&mut self, index: u64, mark: Mark) -> bool {
+        let Some((path, node, slot, _)) = self.locate(index) else {
+            return false;
+        };
+        let m = mark as usize;
+        let was = node.set_mark_bit(m, slot, false) & (1 << slot) != 0;
+        if was {
+            let mut cleared = [false; MARKS];
+            cleared[m] = true;
+            unmark_path(&path, node, cleared);
+        }
+        was
+    }
+
+    /// Whether the entry covering `index` carries `mark`.
+    pub fn get_mark(&self, index: u64, mark: Mark) -> bool {
+        self.locate(index)
+            .is_some_and(|(_, node, slot, _)| node.mark_bits(mark as usize) & (1 << slot) != 0)
+    }
+
+    /// The first entry carrying `mark` that covers an index in `from..=last`, as (first
+    /// index, entry), found through the nodes' marks (unmarked subtrees are not visited).
+    pub fn next_marked(&self, from: u64, last: u64, mark: Mark) -> Option<(u64, Entry)> {
+        let root = self.index.root_node();
+        if root.is_null() || from > last {
+            return None;
+        }
+        // SAFETY: live under the writer lock.
+        next_marked_in(unsafe { &*root }, 0, from, last, mark as usize)
     }
 
     /// Replaces the entry `old` covering `index` with `new`, of the same order, in place: a
@@ -859,6 +970,11 @@ impl IndexWriter<'_> {
                 // SAFETY: a child of a live node, under the writer lock.
                 let child = unsafe { &*(word as *const Node) };
                 self.truncate_node(child, slot_first, first, last, remove);
+                for m in 0..MARKS {
+                    if child.mark_bits(m) == 0 {
+                        node.set_mark_bit(m, offset, false);
+                    }
+                }
                 if child.count.load(StatOrdering::Relaxed) == 0 {
                     node.slots[offset].store(0, Ordering::Release);
                     node.count.fetch_sub(1, StatOrdering::Relaxed);
@@ -879,6 +995,7 @@ impl IndexWriter<'_> {
                 for slot in &node.slots[first_slot..first_slot + span] {
                     slot.store(0, Ordering::Release);
                 }
+                node.clear_slot_marks(first_slot);
                 node.count.fetch_sub(span as u16, StatOrdering::Relaxed);
             }
             offset = first_slot + span;
@@ -979,6 +1096,13 @@ impl IndexWriter<'_> {
             let p = unsafe { &*parent };
             p.slots[0].store(current, Ordering::Relaxed);
             p.count.store(1, StatOrdering::Relaxed);
+            // SAFETY: `current` is the old root (live under the writer lock) or a node just made.
+            let old = unsafe { &*(current as *const Node) };
+            for m in 0..MARKS {
+                if old.mark_bits(m) != 0 {
+                    p.set_mark_bit(m, 0, true);
+                }
+            }
             self.index.root.store(parent as usize, Ordering::Release);
             current = parent as usize;
         }
@@ -1020,6 +1144,8 @@ impl IndexWriter<'_> {
             let child = p.slots[offset].load(Ordering::Relaxed);
             p.slots[offset].store(0, Ordering::Release);
             p.count.fetch_sub(1, StatOrdering::Relaxed);
+            // An empty node carries no marks: its parent's bits for it were cleared with them.
+            debug_assert!((0..MARKS).all(|m| node.mark_bits(m) == 0));
             self.retire(child as *mut Node);
             node = p;
         }
@@ -1127,6 +1253,116 @@ impl IndexWriter<'_> {
         {
             if base as usize + i != offset {
                 slot.store(piece, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// See [`IndexWriter::check_invariants`].
+fn check_node(node: &Node) -> Result<(), String> {
+    let mut used = 0u16;
+    let mut offset = 0;
+    while offset < CHUNK {
+        let word = node.slots[offset].load(Ordering::Relaxed);
+        let mut span = 1;
+        let mut allowed = [false; MARKS];
+        if is_node(word) {
+            used += 1;
+            // SAFETY: a child of a live node, under the writer lock.
+            let child = unsafe { &*(word as *const Node) };
+            check_node(child)?;
+            allowed = std::array::from_fn(|m| child.mark_bits(m) != 0);
+            for (m, &expect) in allowed.iter().enumerate() {
+                let bit = node.mark_bits(m) & (1 << offset) != 0;
+                if bit != expect {
+                    return Err(format!(
+                        "shift {} slot {offset}: mark {m} bit {bit}, the child says {expect}",
+                        node.shift
+                    ));
+                }
+            }
+        } else if let Some(entry) = Entry::decode(word) {
+            span = group(node, (offset as u64) << node.shift, entry.order()).1;
+            used += span as u16;
+            allowed = [entry.is_folio(); MARKS];
+        }
+        for m in 0..MARKS {
+            for k in offset..offset + span {
+                let bit = node.mark_bits(m) & (1 << k) != 0;
+                if bit && (k != offset || !allowed[m]) {
+                    return Err(format!(
+                        "shift {} slot {k}: mark {m} where no marked entry starts",
+                        node.shift
+                    ));
+                }
+            }
+        }
+        offset += span;
+    }
+    let count = node.count.load(StatOrdering::Relaxed);
+    if count != used {
+        return Err(format!(
+            "shift {}: count {count}, {used} slots used",
+            node.shift
+        ));
+    }
+    Ok(())
+}
+
+/// The first entry under `node` (covering indexes from `base`) carrying mark `m` that covers
+/// an index in `from..=last` (under the writer lock).
+fn next_marked_in(node: &Node, base: u64, from: u64, last: u64, m: usize) -> Option<(u64, Entry)> {
+    let shift = u32::from(node.shift);
+    let bits = node.mark_bits(m);
+    if bits == 0 {
+        return None;
+    }
+    let mut start = if from <= base { 0 } else { node.offset(from) };
+    // The entry covering `from` may be a group whose mark sits on an earlier slot.
+    if from > base
+        && let Some(entry) = Entry::decode(node.slots[start].load(Ordering::Relaxed))
+    {
+        start = group(node, from, entry.order()).0;
+    }
+    let mut rest = bits & (u64::MAX << start);
+    while rest != 0 {
+        let offset = rest.trailing_zeros() as usize;
+        rest &= rest - 1;
+        let slot_first = slot_start(base, offset, shift)?;
+        if slot_first > last {
+            return None;
+        }
+        let word = node.slots[offset].load(Ordering::Relaxed);
+        if is_node(word) {
+            // SAFETY: a child of a live node, under the writer lock.
+            let child = unsafe { &*(word as *const Node) };
+            if let Some(found) = next_marked_in(child, slot_first, from.max(slot_first), last, m) {
+                return Some(found);
+            }
+            continue;
+        }
+        if let Some(entry) = Entry::decode(word) {
+            let entry_last = slot_first | low_mask(u32::from(entry.order()));
+            if entry_last >= from {
+                return Some((slot_first, entry));
+            }
+        }
+    }
+    None
+}
+
+/// After marks were cleared in `node` (`was`: which of them were set), clears the bits of the
+/// ancestors on `path` (root first) that now lead to no marked entry.
+fn unmark_path(path: &[(*const Node, usize)], node: &Node, was: [bool; MARKS]) {
+    for (m, &cleared) in was.iter().enumerate() {
+        if !cleared || node.mark_bits(m) != 0 {
+            continue;
+        }
+        for &(parent, offset) in path.iter().rev() {
+            // SAFETY: the path was walked under the writer lock, which is still held.
+            let p = unsafe { &*parent };
+            if p.set_mark_bit(m, offset, false) & !(1u64 << offset) != 0 {
+                break; // the parent still leads to other marked entries
             }
         }
     }

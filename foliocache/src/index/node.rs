@@ -17,7 +17,7 @@
 //! the very slot it loaded.
 
 use crate::sync::AtomicUsize;
-use crate::sync::unmodelled::AtomicU16;
+use crate::sync::unmodelled::{AtomicU16, AtomicU64};
 
 pub(crate) const CHUNK_SHIFT: u32 = 6;
 pub(crate) const CHUNK: usize = 1 << CHUNK_SHIFT;
@@ -103,10 +103,17 @@ pub(crate) fn is_node(word: usize) -> bool {
     word != 0 && word & TAG_MASK == 0
 }
 
+/// How many kinds of mark an entry can carry (the kernel's `XA_MAX_MARKS`).
+pub(crate) const MARKS: usize = 3;
+
 /// A 64-way radix node (576 bytes, like the kernel's `xa_node`).
 #[repr(C, align(64))]
 pub(crate) struct Node {
     pub(crate) slots: [AtomicUsize; CHUNK],
+    /// Per mark, a bit per slot: set when the slot holds an entry carrying the mark (its first
+    /// slot, for an entry spanning several), or a child with any slot so marked. Only touched
+    /// under the writer lock.
+    pub(crate) marks: [AtomicU64; MARKS],
     /// How many index bits lie below this node: 0 for leaves, then 6, 12, …
     pub(crate) shift: u8,
     /// Non-empty slots. Only touched under the writer lock.
@@ -117,9 +124,29 @@ impl Node {
     pub(crate) fn new(shift: u8) -> Self {
         Self {
             slots: std::array::from_fn(|_| AtomicUsize::new(0)),
+            marks: std::array::from_fn(|_| AtomicU64::new(0)),
             shift,
             count: AtomicU16::new(0),
         }
+    }
+
+    /// Mark `mark`'s bits of this node (under the writer lock).
+    pub(crate) fn mark_bits(&self, mark: usize) -> u64 {
+        self.marks[mark].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets or clears mark `mark` at slot `offset`; returns the node's bits before.
+    pub(crate) fn set_mark_bit(&self, mark: usize, offset: usize, on: bool) -> u64 {
+        let bit = 1u64 << offset;
+        let before = self.mark_bits(mark);
+        let after = if on { before | bit } else { before & !bit };
+        self.marks[mark].store(after, std::sync::atomic::Ordering::Relaxed);
+        before
+    }
+
+    /// Clears every mark at slot `offset`; returns which marks were set there.
+    pub(crate) fn clear_slot_marks(&self, offset: usize) -> [bool; MARKS] {
+        std::array::from_fn(|m| self.set_mark_bit(m, offset, false) & (1 << offset) != 0)
     }
 
     /// The slot of `index` in this node.
