@@ -1286,10 +1286,10 @@ fn check_node(node: &Node) -> Result<(), String> {
             used += span as u16;
             allowed = [entry.is_folio(); MARKS];
         }
-        for m in 0..MARKS {
+        for (m, &may) in allowed.iter().enumerate() {
             for k in offset..offset + span {
                 let bit = node.mark_bits(m) & (1 << k) != 0;
-                if bit && (k != offset || !allowed[m]) {
+                if bit && (k != offset || !may) {
                     return Err(format!(
                         "shift {} slot {k}: mark {m} where no marked entry starts",
                         node.shift
