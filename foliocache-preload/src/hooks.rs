@@ -131,11 +131,13 @@ unsafe fn readv_at(
 }
 
 /// read/readv at the description's offset, moving it.
-fn at_offset(d: &Description, io: impl FnOnce(u64) -> ssize_t) -> ssize_t {
-    let pos = d.offset.load(Ordering::SeqCst);
+fn at_offset(d: &Description, fd: c_int, io: impl FnOnce(u64) -> ssize_t) -> ssize_t {
+    let Some(pos) = d.offset(fd) else {
+        return -1; // lseek failed and set errno
+    };
     let n = io(pos);
     if n > 0 {
-        d.offset.store(pos + n as u64, Ordering::SeqCst);
+        d.set_offset(fd, pos + n as u64);
     }
     n
 }
@@ -150,7 +152,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
     };
     let outer = guard::enter();
     // SAFETY: read(2)'s contract, passed on.
-    at_offset(&d, |pos| unsafe {
+    at_offset(&d, fd, |pos| unsafe {
         read_at(&d, fd, buf, count, pos, outer.as_ref())
     })
 }
@@ -200,7 +202,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> s
     };
     let outer = guard::enter();
     // SAFETY: readv(2)'s contract, passed on.
-    at_offset(&d, |pos| unsafe {
+    at_offset(&d, fd, |pos| unsafe {
         readv_at(&d, fd, iov, iovcnt, pos, outer.as_ref())
     })
 }
@@ -258,7 +260,7 @@ pub unsafe extern "C" fn preadv64v2(
     if offset == -1 {
         // The current offset, moved.
         // SAFETY: preadv2's contract, passed on.
-        return at_offset(&d, |pos| unsafe {
+        return at_offset(&d, fd, |pos| unsafe {
             readv_at(&d, fd, iov, iovcnt, pos, outer.as_ref())
         });
     }
@@ -324,10 +326,12 @@ fn write_at_offset(
         }
         return n;
     }
-    let pos = d.offset.load(Ordering::SeqCst);
+    let Some(pos) = d.offset(fd) else {
+        return -1; // lseek failed and set errno
+    };
     let n = io(pos);
     if n > 0 {
-        d.offset.store(pos + n as u64, Ordering::SeqCst);
+        d.set_offset(fd, pos + n as u64);
         written(d, Some(pos), n, outer);
     }
     n
@@ -492,8 +496,10 @@ fn resized(fd: c_int, rc: c_int) -> c_int {
     if rc == 0
         && let Some(d) = table::get(fd)
     {
-        let outer = guard::enter();
-        written(&d, None, 1, outer.as_ref());
+        match guard::enter() {
+            Some(_outer) => d.inode.written(0, u64::MAX),
+            None => d.inode.bump(),
+        }
     }
     rc
 }
@@ -558,8 +564,8 @@ fn key_of_path(path: *const c_char) -> Option<(u64, u64)> {
     // SAFETY: `path` is the caller's NUL-terminated path (checked non-null); stat fills the
     // valid local buffer.
     let rc = unsafe { libc::stat(path, st.as_mut_ptr()) };
-    // SAFETY: stat succeeded, so it filled the struct.
     (rc == 0).then(|| {
+        // SAFETY: stat succeeded, so it filled the struct.
         let st = unsafe { st.assume_init() };
         (st.st_dev, st.st_ino)
     })
@@ -605,6 +611,15 @@ pub unsafe extern "C" fn lseek64(fd: c_int, offset: off64_t, whence: c_int) -> o
         // SAFETY: integer arguments.
         return unsafe { real::lseek64(fd, offset, whence) };
     };
+    if d.shared.load(Ordering::SeqCst) {
+        // The kernel's offset is the one in use.
+        // SAFETY: integer arguments.
+        let result = unsafe { real::lseek64(fd, offset, whence) };
+        if result >= 0 {
+            d.offset.store(result as u64, Ordering::SeqCst);
+        }
+        return result;
+    }
     let current = d.offset.load(Ordering::SeqCst);
     if whence == libc::SEEK_CUR && offset == 0 {
         return current as off64_t; // tell
@@ -661,6 +676,7 @@ pub unsafe extern "C" fn posix_fadvise64(
             }
         }
         libc::POSIX_FADV_WILLNEED => {
+            stats::readahead_call();
             d.inode.advise_range(fd, advice, offset as u64, len as u64);
         }
         libc::POSIX_FADV_DONTNEED => {
@@ -702,6 +718,7 @@ pub unsafe extern "C" fn readahead(fd: c_int, offset: off64_t, count: size_t) ->
     if let Some(_outer) = guard::enter()
         && count > 0
     {
+        stats::readahead_call();
         d.inode
             .advise_range(fd, libc::POSIX_FADV_WILLNEED, offset as u64, count as u64);
     }
@@ -1112,4 +1129,113 @@ pub(crate) fn hook_close(fd: c_int) -> c_int {
 pub(crate) unsafe fn hook_open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
     // SAFETY: the caller's contract.
     unsafe { open64(path, flags, mode) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// New programs: the kernel's offsets of served fds are brought up to date before a program
+// can inherit them. fork does it in its atfork handler; these cover the ways around it.
+
+/// vfork cannot be wrapped (the child would return through this frame on the parent's
+/// stack): a plain fork, which runs the atfork handlers, takes its place.
+///
+/// # Safety
+/// vfork(2)'s contract (which fork's satisfies: the child may do more than vfork allows).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: fork has no arguments; callers of vfork only exec or _exit in the child.
+    unsafe { libc::fork() }
+}
+
+/// # Safety
+/// execve(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::execve(path, argv, envp) }
+}
+
+/// # Safety
+/// execv(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::execv(path, argv) }
+}
+
+/// # Safety
+/// execvp(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::execvp(file, argv) }
+}
+
+/// # Safety
+/// execvpe(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::execvpe(file, argv, envp) }
+}
+
+/// # Safety
+/// posix_spawn(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
+}
+
+/// # Safety
+/// posix_spawnp(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
+}
+
+/// # Safety
+/// system(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::system(command) }
+}
+
+/// # Safety
+/// popen(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::popen(command, mode) }
 }

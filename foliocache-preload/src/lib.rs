@@ -26,6 +26,10 @@
 //!   empty table, so inherited fds pass through.
 //! * exit: with `FOLIOCACHE_STATS`, an `atexit` handler appends the counters (`stats`).
 
+// The hooks (which use nearly everything) are left out of the unit-test build: a test binary
+// that interposed its own libc calls would test itself.
+#![cfg_attr(test, allow(dead_code))]
+
 #[cfg(not(all(
     target_os = "linux",
     target_env = "gnu",
@@ -218,11 +222,7 @@ extern "C" fn before_fork() {
     let Some(runtime) = runtime() else { return };
     let registry = runtime.registry();
     // The kernel fds' offsets: a child (or a program exec'd by it) reads them.
-    table::for_each(|fd, description| {
-        let offset = description.offset.load(Ordering::SeqCst);
-        // SAFETY: lseek on an fd of this process, with plain integer arguments.
-        unsafe { real::lseek64(fd, offset as i64, libc::SEEK_SET) };
-    });
+    table::sync_kernel_offsets();
     let _ = FORK_LOCK.try_with(|slot| *slot.borrow_mut() = Some(registry));
 }
 

@@ -47,17 +47,17 @@ macro_rules! real_functions {
         )*
     };
     (@call $address:ident, $ret:ty, ($($arg:ident: $ty:ty),*)) => {{
+        type Function = unsafe extern "C" fn($($ty),*) -> $ret;
         // SAFETY: `address` is the non-null address dlsym gave for this symbol, whose C
         // signature is the one written above (the C library's prototype).
-        let function: unsafe extern "C" fn($($ty),*) -> $ret =
-            unsafe { std::mem::transmute::<usize, _>($address) };
+        let function = unsafe { std::mem::transmute::<usize, Function>($address) };
         // SAFETY: the caller's promise covers the arguments.
         unsafe { function($($arg),*) }
     }};
     (@call $address:ident, $ret:ty, ($($arg:ident: $ty:ty),*), $var:ident: $vty:ty) => {{
+        type Function = unsafe extern "C" fn($($ty),*, ...) -> $ret;
         // SAFETY: as above; the symbol is variadic in C, and is called as such.
-        let function: unsafe extern "C" fn($($ty),*, ...) -> $ret =
-            unsafe { std::mem::transmute::<usize, _>($address) };
+        let function = unsafe { std::mem::transmute::<usize, Function>($address) };
         // SAFETY: the caller's promise covers the arguments.
         unsafe { function($($arg),*, $var) }
     }};
@@ -100,6 +100,14 @@ real_functions! {
     fn fsync(fd: c_int) -> c_int = -1;
     fn fdatasync(fd: c_int) -> c_int = -1;
     fn sync_file_range(fd: c_int, offset: off64_t, nbytes: off64_t, flags: c_uint) -> c_int = -1;
+    fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = -1;
+    fn execv(path: *const c_char, argv: *const *const c_char) -> c_int = -1;
+    fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int = -1;
+    fn execvpe(file: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = -1;
+    fn posix_spawn(pid: *mut libc::pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
+    fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
+    fn system(command: *const c_char) -> c_int = -1;
+    fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
     fn fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
     fn fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();

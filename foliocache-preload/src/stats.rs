@@ -32,6 +32,7 @@ counters!(
     retired_device_bytes,
     retired_device_requests,
     retired_misses,
+    readahead_calls,
 );
 
 fn add(counter: &AtomicU64, n: u64) {
@@ -59,14 +60,21 @@ pub(crate) fn invalidation() {
     add(&counter::invalidations, 1);
 }
 
+/// A `readahead(2)` or `POSIX_FADV_WILLNEED` from the program (each is one forced fill in the
+/// file's counters, which is not a miss).
+pub(crate) fn readahead_call() {
+    add(&counter::readahead_calls, 1);
+}
+
 pub(crate) fn opened_file() {
     add(&counter::files, 1);
 }
 
-/// Reads that missed and started device reads themselves.
+/// Reads that missed and started device reads themselves, plus the program's own readahead
+/// calls (forced fills; [`json`] takes those out again).
 fn misses_of(file: &File) -> u64 {
     let ra = file.readahead_stats();
-    ra.sync_fresh + ra.sync_context + ra.sync_random
+    ra.sync_fresh + ra.sync_context + ra.sync_random + ra.forced
 }
 
 /// A `File` leaves: its counters are kept.
@@ -105,17 +113,19 @@ pub(crate) fn json(
         device_requests += io.requests;
         misses += misses_of(file);
     });
+    let misses = misses.saturating_sub(get(&counter::readahead_calls));
     let reads = get(&counter::reads);
     let program = program.replace('\\', "\\\\").replace('"', "\\\"");
     Some(format!(
         "{{\"pid\":{},\"program\":\"{program}\",\"reads\":{reads},\"hits\":{},\"misses\":{misses},\
          \"bytes_from_cache\":{},\"bytes_from_device\":{device_bytes},\"device_requests\":{device_requests},\
-         \"passthrough_reads\":{},\"files\":{},\"evicted_pages\":{evicted_pages},\"writes\":{},\
+         \"passthrough_reads\":{},\"readahead_calls\":{},\"files\":{},\"evicted_pages\":{evicted_pages},\"writes\":{},\
          \"writeback_bytes\":{},\"invalidations\":{}}}\n",
         std::process::id(),
         reads.saturating_sub(misses),
         get(&counter::bytes_from_cache),
         get(&counter::passthrough_reads),
+        get(&counter::readahead_calls),
         get(&counter::files),
         get(&counter::writes),
         get(&counter::bytes_written_through),

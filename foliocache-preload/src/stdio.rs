@@ -123,23 +123,23 @@ fn flags_of(mode: &[u8]) -> Option<c_int> {
 unsafe fn open_stream(
     path: *const c_char,
     mode: *const c_char,
-    real_fopen: unsafe fn(*const c_char, *const c_char) -> *mut FILE,
+    real_fopen: fn(*const c_char, *const c_char) -> *mut FILE,
 ) -> *mut FILE {
     if path.is_null() || mode.is_null() || runtime().is_none() {
         // SAFETY: passed on unchanged.
-        return unsafe { real_fopen(path, mode) };
+        return real_fopen(path, mode);
     }
     // SAFETY: not null, and by fopen's contract NUL-terminated.
     let mode_bytes = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
     let Some(flags) = flags_of(mode_bytes) else {
         // SAFETY: passed on unchanged.
-        return unsafe { real_fopen(path, mode) };
+        return real_fopen(path, mode);
     };
     {
         // Only an outermost call is served (the library's own fopen calls pass through).
         let Some(_probe) = guard::enter() else {
             // SAFETY: passed on unchanged.
-            return unsafe { real_fopen(path, mode) };
+            return real_fopen(path, mode);
         };
     }
     // SAFETY: fopen's contract (a NUL-terminated path); 0666 as fopen creates files.
@@ -194,7 +194,7 @@ fn real_fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE {
     // SAFETY: the caller's contract.
-    unsafe { open_stream(path, mode, |p, m| real_fopen(p, m)) }
+    unsafe { open_stream(path, mode, real_fopen) }
 }
 
 /// # Safety
@@ -202,7 +202,7 @@ pub unsafe extern "C" fn fopen(path: *const c_char, mode: *const c_char) -> *mut
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fopen64(path: *const c_char, mode: *const c_char) -> *mut FILE {
     // SAFETY: the caller's contract.
-    unsafe { open_stream(path, mode, |p, m| real_fopen64(p, m)) }
+    unsafe { open_stream(path, mode, real_fopen64) }
 }
 
 /// # Safety
@@ -222,9 +222,12 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
             (_, _) if writes => d.inode.bump(),
             _ => {}
         }
-        let offset = d.offset.load(Ordering::SeqCst);
-        // SAFETY: integer arguments.
-        unsafe { real::lseek64(fd, offset as off64_t, libc::SEEK_SET) };
+        // glibc's stream uses the kernel's offset from now on: so does the table.
+        if !d.shared.swap(true, Ordering::SeqCst) {
+            let offset = d.offset.load(Ordering::SeqCst);
+            // SAFETY: integer arguments.
+            unsafe { real::lseek64(fd, offset as off64_t, libc::SEEK_SET) };
+        }
     }
     // SAFETY: passed on unchanged.
     unsafe { real::fdopen(fd, mode) }

@@ -39,6 +39,9 @@ pub(crate) struct Description {
     /// The file offset for read/write/lseek; pread/pwrite do not use it.
     pub(crate) offset: AtomicU64,
     pub(crate) append: AtomicBool,
+    /// Another process may hold this open file description (it was inherited by a fork or a
+    /// new program): the kernel's offset is then the one to use and move.
+    pub(crate) shared: AtomicBool,
     pub(crate) readable: bool,
     /// The access-pattern advice (`posix_fadvise`) fresh readahead states start from.
     pub(crate) advice: AtomicI32,
@@ -47,12 +50,33 @@ pub(crate) struct Description {
 }
 
 impl Description {
+    /// The file offset: this table's, or the kernel's once the description is shared.
+    pub(crate) fn offset(&self, fd: i32) -> Option<u64> {
+        if self.shared.load(Ordering::SeqCst) {
+            // SAFETY: lseek on an fd of this process, integer arguments.
+            let pos = unsafe { crate::real::lseek64(fd, 0, libc::SEEK_CUR) };
+            u64::try_from(pos).ok()
+        } else {
+            Some(self.offset.load(Ordering::SeqCst))
+        }
+    }
+
+    /// Moves the file offset to `pos` (in the kernel too once the description is shared).
+    pub(crate) fn set_offset(&self, fd: i32, pos: u64) {
+        self.offset.store(pos, Ordering::SeqCst);
+        if self.shared.load(Ordering::SeqCst) {
+            // SAFETY: lseek on an fd of this process, integer arguments.
+            unsafe { crate::real::lseek64(fd, pos as i64, libc::SEEK_SET) };
+        }
+    }
+
     pub(crate) fn new(inode: Arc<Inode>, flags: i32) -> Self {
         let access = flags & libc::O_ACCMODE;
         Self {
             inode,
             offset: AtomicU64::new(0),
             append: AtomicBool::new(flags & libc::O_APPEND != 0),
+            shared: AtomicBool::new(false),
             readable: access == libc::O_RDONLY || access == libc::O_RDWR,
             advice: AtomicI32::new(libc::POSIX_FADV_NORMAL),
             handles: Default::default(),
@@ -182,6 +206,19 @@ pub(crate) fn for_each(mut each: impl FnMut(i32, &Description)) {
             each(fd, &found);
         }
     }
+}
+
+/// Writes every served fd's offset to its kernel fd (before a fork or an exec: a new program
+/// inherits the kernel's offsets), and from then on uses the kernel's offset for it.
+pub(crate) fn sync_kernel_offsets() {
+    for_each(|fd, description| {
+        if description.shared.swap(true, Ordering::SeqCst) {
+            return; // the kernel's offset is already the one in use
+        }
+        let offset = description.offset.load(Ordering::SeqCst);
+        // SAFETY: lseek on an fd of this process, with plain integer arguments.
+        unsafe { crate::real::lseek64(fd, offset as i64, libc::SEEK_SET) };
+    });
 }
 
 /// In a child after fork: forget every entry without freeing it (its cache belongs to the
