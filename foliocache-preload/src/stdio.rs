@@ -126,19 +126,16 @@ unsafe fn open_stream(
     real_fopen: fn(*const c_char, *const c_char) -> *mut FILE,
 ) -> *mut FILE {
     if path.is_null() || mode.is_null() || runtime().is_none() {
-        // SAFETY: passed on unchanged.
         return real_fopen(path, mode);
     }
     // SAFETY: not null, and by fopen's contract NUL-terminated.
     let mode_bytes = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
     let Some(flags) = flags_of(mode_bytes) else {
-        // SAFETY: passed on unchanged.
         return real_fopen(path, mode);
     };
     {
         // Only an outermost call is served (the library's own fopen calls pass through).
         let Some(_probe) = guard::enter() else {
-            // SAFETY: passed on unchanged.
             return real_fopen(path, mode);
         };
     }
