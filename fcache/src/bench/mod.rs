@@ -3,6 +3,7 @@
 //! results as a Markdown table, a JSON file and an SVG plot.
 
 mod core;
+mod dbbench;
 mod exec;
 mod readseq;
 mod reclaim;
@@ -37,6 +38,10 @@ pub(crate) enum Suite {
     /// budget, and Zipf hit ratios against a simulated LRU and Belady's optimum; RSS against
     /// the budget.
     Reclaim,
+    /// Seed 000 with the real program: RocksDB's db_bench readseq and readrandom, cold and
+    /// warm, through the kernel and through the preload library (needs rocksdb-tools and
+    /// `cargo build --release -p foliocache-preload`).
+    Dbbench,
 }
 
 #[derive(Debug, Args)]
@@ -100,6 +105,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
             Suite::Readseq => readseq::run(args)?,
             Suite::Exec => exec::run(args)?,
             Suite::Reclaim => reclaim::run(args)?,
+            Suite::Dbbench => dbbench::run(args)?,
         };
         let json_path = match (&args.json, suites.len()) {
             (Some(path), 1) => path.clone(),
