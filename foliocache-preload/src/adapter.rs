@@ -163,8 +163,34 @@ impl Inode {
         Some(handle)
     }
 
-    /// Reads at `pos` through the cache with a readahead state from `slots` (the one at
-    /// `preferred` first; a fresh one when all are busy). `None`: pass this read through.
+    /// Runs `op` with a readahead state of the current epoch from `slots` (the one at
+    /// `preferred` first; a fresh one when all are busy), and the epoch. `None`: the file is
+    /// uncached or cannot be opened for the cache.
+    fn with_handle<T>(
+        &self,
+        fd: i32,
+        slots: &[Mutex<Option<(u64, Handle)>>],
+        preferred: usize,
+        advice: i32,
+        op: impl FnOnce(&mut Handle, u64) -> T,
+    ) -> Option<T> {
+        if self.is_uncached() {
+            return None;
+        }
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let mut guard = (0..slots.len())
+            .map(|k| &slots[(preferred + k) % slots.len()])
+            .find_map(|slot| slot.try_lock().ok());
+        let mut fresh = None;
+        let handle = match guard.as_deref_mut() {
+            Some(Some((at, handle))) if *at == epoch => handle,
+            Some(slot) => &mut slot.insert((epoch, self.new_handle(fd, epoch, advice)?)).1,
+            None => fresh.insert(self.new_handle(fd, epoch, advice)?),
+        };
+        Some(op(handle, epoch))
+    }
+
+    /// Reads at `pos` through the cache. `None`: pass this read through.
     pub(crate) fn read(
         &self,
         fd: i32,
@@ -175,21 +201,11 @@ impl Inode {
         pos: u64,
     ) -> Option<Result<usize, i32>> {
         for _attempt in 0..3 {
-            if self.is_uncached() {
-                return None;
-            }
-            let epoch = self.epoch.load(Ordering::Acquire);
-            let mut guard = (0..slots.len())
-                .map(|k| &slots[(preferred + k) % slots.len()])
-                .find_map(|slot| slot.try_lock().ok());
-            let mut fresh = None;
-            let handle = match guard.as_deref_mut() {
-                Some(Some((at, handle))) if *at == epoch => handle,
-                Some(slot) => &mut slot.insert((epoch, self.new_handle(fd, epoch, advice)?)).1,
-                None => fresh.insert(self.new_handle(fd, epoch, advice)?),
-            };
-            let size = handle.file().size();
-            match handle.read_at(buf, pos) {
+            let (result, size, epoch) =
+                self.with_handle(fd, slots, preferred, advice, |handle, epoch| {
+                    (handle.read_at(buf, pos), handle.file().size(), epoch)
+                })?;
+            match result {
                 Ok(n) if n == buf.len() => return Some(Ok(n)),
                 Ok(n) => {
                     // Short: end of file as the File saw it at open. Has it moved since?
@@ -210,6 +226,26 @@ impl Inode {
             }
         }
         None
+    }
+
+    /// `readahead(2)` and `POSIX_FADV_WILLNEED`: start reading the range.
+    pub(crate) fn will_need(
+        &self,
+        fd: i32,
+        slots: &[Mutex<Option<(u64, Handle)>>],
+        preferred: usize,
+        advice: i32,
+        offset: u64,
+        len: u64,
+    ) {
+        self.with_handle(fd, slots, preferred, advice, |handle, _| {
+            let len = if len == 0 {
+                handle.file().size().saturating_sub(offset)
+            } else {
+                len
+            };
+            let _ = handle.readahead(offset, len);
+        });
     }
 
     /// After the kernel wrote `pos..pos + len` (or changed the size, `len` = `u64::MAX`): no
@@ -249,29 +285,14 @@ impl Inode {
         }
     }
 
-    /// `posix_fadvise` WILLNEED / DONTNEED, and `readahead(2)`.
-    pub(crate) fn advise_range(&self, fd: i32, advice: i32, offset: u64, len: u64) {
+    /// `POSIX_FADV_DONTNEED`: drop the range's idle pages.
+    pub(crate) fn dont_need(&self, fd: i32, offset: u64, len: u64) {
         if self.is_uncached() {
             return;
         }
         let epoch = self.epoch.load(Ordering::Acquire);
-        let Ok(file) = self.file(fd, epoch) else {
-            return;
-        };
-        match advice {
-            libc::POSIX_FADV_DONTNEED => {
-                file.drop_cached(offset, len);
-            }
-            _ => {
-                let mut handle = file.handle();
-                handle.set_ra_bytes(self.ra_bytes);
-                let len = if len == 0 {
-                    file.size().saturating_sub(offset)
-                } else {
-                    len
-                };
-                let _ = handle.advise(Advice::WillNeed { offset, len });
-            }
+        if let Ok(file) = self.file(fd, epoch) {
+            file.drop_cached(offset, len);
         }
     }
 

@@ -677,10 +677,13 @@ pub unsafe extern "C" fn posix_fadvise64(
         }
         libc::POSIX_FADV_WILLNEED => {
             stats::readahead_call();
-            d.inode.advise_range(fd, advice, offset as u64, len as u64);
+            let pattern = d.advice.load(Ordering::Relaxed);
+            let (offset, len) = (offset as u64, len as u64);
+            d.inode
+                .will_need(fd, &d.handles, preferred_slot(), pattern, offset, len);
         }
         libc::POSIX_FADV_DONTNEED => {
-            d.inode.advise_range(fd, advice, offset as u64, len as u64);
+            d.inode.dont_need(fd, offset as u64, len as u64);
             // The kernel's copy too (pass-through reads may have filled it).
             // SAFETY: integer arguments.
             unsafe { real::posix_fadvise64(fd, offset, len, advice) };
@@ -719,8 +722,10 @@ pub unsafe extern "C" fn readahead(fd: c_int, offset: off64_t, count: size_t) ->
         && count > 0
     {
         stats::readahead_call();
+        let pattern = d.advice.load(Ordering::Relaxed);
+        let (offset, count) = (offset as u64, count as u64);
         d.inode
-            .advise_range(fd, libc::POSIX_FADV_WILLNEED, offset as u64, count as u64);
+            .will_need(fd, &d.handles, preferred_slot(), pattern, offset, count);
     }
     0
 }
