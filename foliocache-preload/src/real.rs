@@ -108,6 +108,8 @@ real_functions! {
     fn posix_spawnp(pid: *mut libc::pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: *const *mut c_char, envp: *const *mut c_char) -> c_int = libc::ENOSYS;
     fn system(command: *const c_char) -> c_int = -1;
     fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
+    fn __read_chk(fd: c_int, buf: *mut c_void, count: size_t, buflen: size_t) -> ssize_t = -1;
+    fn __pread64_chk(fd: c_int, buf: *mut c_void, count: size_t, offset: off64_t, buflen: size_t) -> ssize_t = -1;
     fn fopen(path: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
     fn fopen64(path: *const c_char, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut libc::FILE = std::ptr::null_mut();
