@@ -493,7 +493,7 @@ pub unsafe extern "C" fn foliocache_get_file_stats(
     guard_int(|| {
         let file = file_ref(file)?;
         let out = non_null_mut(out, "out")?;
-        let mapping = file.file.mapping().stats();
+        let mapping = file.file.mapping_stats();
         let ra = file.file.readahead_stats();
         let io = file.file.io_stats();
         let stats = foliocache_file_stats {

@@ -269,7 +269,7 @@ impl Inode {
         let last = end.div_ceil(LARGEST_FOLIO) * LARGEST_FOLIO;
         let (first_page, last_page) = (first / PAGE_SIZE as u64, last / PAGE_SIZE as u64 - 1);
         let left = || {
-            file.mapping()
+            foliocache::raw::mapping(file)
                 .index()
                 .next_present(first_page, last_page)
                 .is_some()

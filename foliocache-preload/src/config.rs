@@ -103,6 +103,30 @@ pub(crate) fn device_read_ahead_bytes(dev: u64) -> Option<u64> {
     .map(|kb| kb << 10)
 }
 
+/// open(2) flags for an fopen mode, or `None` for a mode this library leaves to glibc
+/// (`,ccs=`, or not starting with r/w/a).
+pub(crate) fn fopen_flags(mode: &[u8]) -> Option<i32> {
+    let plus = mode.contains(&b'+');
+    let mut flags = match (mode.first()?, plus) {
+        (b'r', false) => libc::O_RDONLY,
+        (b'r', true) => libc::O_RDWR,
+        (b'w', false) => libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+        (b'w', true) => libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
+        (b'a', false) => libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+        (b'a', true) => libc::O_RDWR | libc::O_CREAT | libc::O_APPEND,
+        _ => return None,
+    };
+    for &c in &mode[1..] {
+        match c {
+            b'e' => flags |= libc::O_CLOEXEC,
+            b'x' => flags |= libc::O_EXCL,
+            b'b' | b't' | b'm' | b'+' | b'c' => {}
+            _ => return None, // ",ccs=..." and anything unknown
+        }
+    }
+    Some(flags)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,5 +164,18 @@ mod tests {
         let error =
             Config::from_env(env(&[("FOLIOCACHE_PATHS", "/no/such/dir/here")])).unwrap_err();
         assert!(error.contains("/no/such/dir/here"), "{error}");
+    }
+
+    #[test]
+    fn fopen_modes() {
+        assert_eq!(fopen_flags(b"r"), Some(libc::O_RDONLY));
+        assert_eq!(fopen_flags(b"rb"), Some(libc::O_RDONLY));
+        assert_eq!(fopen_flags(b"r+e"), Some(libc::O_RDWR | libc::O_CLOEXEC));
+        assert_eq!(
+            fopen_flags(b"wx"),
+            Some(libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)
+        );
+        assert_eq!(fopen_flags(b"r,ccs=UTF-8"), None);
+        assert_eq!(fopen_flags(b"q"), None);
     }
 }

@@ -94,30 +94,6 @@ unsafe extern "C" fn cookie_close(cookie: *mut c_void) -> c_int {
     hook_close(cookie.fd)
 }
 
-/// open(2) flags for an fopen mode, or `None` for a mode this library leaves to glibc
-/// (`,ccs=`, or not starting with r/w/a).
-fn flags_of(mode: &[u8]) -> Option<c_int> {
-    let plus = mode.contains(&b'+');
-    let mut flags = match (mode.first()?, plus) {
-        (b'r', false) => libc::O_RDONLY,
-        (b'r', true) => libc::O_RDWR,
-        (b'w', false) => libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
-        (b'w', true) => libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
-        (b'a', false) => libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
-        (b'a', true) => libc::O_RDWR | libc::O_CREAT | libc::O_APPEND,
-        _ => return None,
-    };
-    for &c in &mode[1..] {
-        match c {
-            b'e' => flags |= libc::O_CLOEXEC,
-            b'x' => flags |= libc::O_EXCL,
-            b'b' | b't' | b'm' | b'+' | b'c' => {}
-            _ => return None, // ",ccs=..." and anything unknown
-        }
-    }
-    Some(flags)
-}
-
 /// # Safety
 /// fopen(3)'s contract.
 unsafe fn open_stream(
@@ -130,7 +106,7 @@ unsafe fn open_stream(
     }
     // SAFETY: not null, and by fopen's contract NUL-terminated.
     let mode_bytes = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
-    let Some(flags) = flags_of(mode_bytes) else {
+    let Some(flags) = crate::config::fopen_flags(mode_bytes) else {
         return real_fopen(path, mode);
     };
     {
@@ -270,22 +246,4 @@ pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
     }
     // SAFETY: passed on unchanged (a cookie stream closes through cookie_close).
     unsafe { real::fclose(stream) }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::flags_of;
-
-    #[test]
-    fn fopen_modes() {
-        assert_eq!(flags_of(b"r"), Some(libc::O_RDONLY));
-        assert_eq!(flags_of(b"rb"), Some(libc::O_RDONLY));
-        assert_eq!(flags_of(b"r+e"), Some(libc::O_RDWR | libc::O_CLOEXEC));
-        assert_eq!(
-            flags_of(b"wx"),
-            Some(libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_EXCL)
-        );
-        assert_eq!(flags_of(b"r,ccs=UTF-8"), None);
-        assert_eq!(flags_of(b"q"), None);
-    }
 }
