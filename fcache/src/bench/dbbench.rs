@@ -219,9 +219,13 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// db_bench and the preload library, or what is missing.
+pub(crate) fn prerequisites() -> Result<(PathBuf, PathBuf), String> {
+    Ok((db_bench()?, find_preload(None)?))
+}
+
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
-    let program = db_bench()?;
-    let lib = find_preload(None)?;
+    let (program, lib) = prerequisites()?;
     let base = data_dir(args)?;
     let threads = args
         .threads
