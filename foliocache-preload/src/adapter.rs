@@ -117,14 +117,20 @@ impl Inode {
 
     /// Every access passes through from now on.
     pub(crate) fn set_uncached(&self) {
-        self.uncached.store(true, Ordering::Release);
-        self.bump();
+        self.mark_uncached();
         drop(
             self.current
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take(),
         );
+    }
+
+    /// Every access passes through from now on; takes no lock (the current `File` is freed by
+    /// the next [`set_uncached`](Self::set_uncached) or when the inode goes).
+    pub(crate) fn mark_uncached(&self) {
+        self.uncached.store(true, Ordering::Release);
+        self.bump();
     }
 
     /// The current `File` stops being used.

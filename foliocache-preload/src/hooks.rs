@@ -1009,7 +1009,7 @@ fn mapped(fd: c_int, prot: c_int, flags: c_int) {
     {
         match (guard::enter(), runtime()) {
             (Some(_outer), Some(runtime)) => runtime.set_uncached(d.inode.key),
-            _ => d.inode.bump(),
+            _ => d.inode.mark_uncached(),
         }
     }
 }

@@ -154,7 +154,11 @@ impl Runtime {
                 registry.no_direct.insert(st.st_dev);
                 None
             }
-            Err(NotCached::Failed) => None,
+            Err(NotCached::Failed) => {
+                // This fd passes through; its writes would bypass any later cache of the file.
+                registry.uncached.insert(key);
+                None
+            }
         }
     }
 

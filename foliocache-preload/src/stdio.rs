@@ -192,7 +192,7 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
         };
         match (guard::enter(), runtime()) {
             (Some(_outer), Some(runtime)) if writes => runtime.set_uncached(d.inode.key),
-            (_, _) if writes => d.inode.bump(),
+            (_, _) if writes => d.inode.mark_uncached(),
             _ => {}
         }
         // glibc's stream uses the kernel's offset from now on: so does the table.

@@ -152,8 +152,16 @@ pub(crate) fn get_arc(fd: i32) -> Option<Arc<Description>> {
 }
 
 /// Makes `fd` served by `description` (replacing whatever it had: the kernel reused the number).
+/// An fd beyond the table cannot be served: its file becomes uncached (its writes would
+/// otherwise bypass the invalidation).
 pub(crate) fn install(fd: i32, description: Arc<Description>, nested: bool) {
-    let Some(slot) = slot(fd) else { return };
+    let Some(slot) = slot(fd) else {
+        match crate::runtime() {
+            Some(runtime) if !nested => runtime.set_uncached(description.inode.key),
+            _ => description.inode.mark_uncached(),
+        }
+        return;
+    };
     let old = slot
         .description
         .swap(Arc::into_raw(description).cast_mut(), Ordering::SeqCst);
