@@ -91,6 +91,12 @@ fn common_args(db: &Path, sizes: &Sizes) -> Vec<String> {
     ]
 }
 
+/// Whether a db_bench output line is a pass's result (`readseq : ... N ops/sec ...`; not the
+/// `Read rate: 0 ops/second` line printed at start).
+fn is_result(line: &str) -> bool {
+    line.split_whitespace().any(|word| word == "ops/sec")
+}
+
 /// User + system CPU seconds of process `pid` so far (`/proc/PID/stat`, clock ticks).
 fn cpu_so_far(pid: libc::pid_t) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -129,7 +135,7 @@ fn run_db_bench(
         let mut marks = Vec::new();
         for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
             let Ok(line) = line else { break };
-            if line.contains(" ops/sec") {
+            if is_result(&line) {
                 marks.push(cpu_so_far(pid));
             }
             text.push_str(&line);
@@ -166,7 +172,7 @@ fn run_db_bench(
     let total = seconds(usage.ru_utime) + seconds(usage.ru_stime);
     let ops: Vec<f64> = out
         .lines()
-        .filter(|line| line.contains(" ops/sec"))
+        .filter(|line| is_result(line))
         .filter_map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
             let at = words.iter().position(|w| *w == "ops/sec")?;
