@@ -4,8 +4,8 @@
 mod bench;
 mod radiff;
 mod replay;
-mod trace;
 mod run;
+mod trace;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

@@ -60,7 +60,7 @@ pub fn errno_of(error: &foliocache::Error) -> i32 {
         E::NoSpace { .. } => libc::ENOSPC,
         E::Exists { .. } => libc::EEXIST,
         E::NotCached { .. } => libc::ENOENT,
-        E::FolioLocked => libc::EBUSY,
+        E::FolioLocked | E::OpenConflict { .. } => libc::EBUSY,
         E::FileTooLarge { .. } => libc::EFBIG,
         E::Open { source, .. } | E::Io { source, .. } | E::Engine(source) => os(source),
         E::NoDirectIo { .. } | E::NotADiskFile => libc::EOPNOTSUPP,

@@ -465,7 +465,7 @@ pub unsafe extern "C" fn foliocache_drop_cached(
 ) -> i64 {
     guard(|| {
         let file = file_ref(file)?;
-        Ok(file.file.drop_cached(offset, len) as i64)
+        Ok(file.file.drop_cached(offset, len).dropped_pages as i64)
     })
 }
 

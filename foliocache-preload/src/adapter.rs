@@ -147,7 +147,10 @@ impl Inode {
         // Held across the open: a write that invalidates meanwhile waits for it, and then
         // drops its range from the new File too.
         let path = format!("/proc/self/fd/{fd}");
-        let file = match self.cache.open_with(&path, OpenOptions::new()) {
+        // A File of its own, with an empty cache: this module keeps one per inode and epoch
+        // itself (switching to the library's shared, revalidated files is the next step here).
+        let options = OpenOptions::new().shared(false);
+        let file = match self.cache.open_with(&path, options) {
             Ok(file) => file,
             Err(Error::NoDirectIo { .. }) => return Err(NotCached::NoDirectIo),
             Err(_) => return Err(NotCached::Failed),

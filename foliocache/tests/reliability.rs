@@ -91,7 +91,10 @@ fn readers_survive_every_kind_of_fault() {
         let time = common::stress_duration();
         let progress = run_stress(time, workers);
         let fired = raw::injector(&cache).fired();
-        let (wrong, errors) = (wrong.load(Ordering::Relaxed), errors.load(Ordering::Relaxed));
+        let (wrong, errors) = (
+            wrong.load(Ordering::Relaxed),
+            errors.load(Ordering::Relaxed),
+        );
         println!(
             "reliability {kind:?}: {:.1} s, {} reads, {fired} faults fired, {errors} I/O errors \
              seen and retried, {wrong} wrong bytes, 0 hangs",
@@ -100,6 +103,9 @@ fn readers_survive_every_kind_of_fault() {
         );
         assert_eq!(wrong, 0, "{kind:?}: wrong bytes reached a reader");
         assert!(fired > 0, "{kind:?}: no fault fired");
-        assert!(progress[..3].iter().all(|&p| p > 10), "{kind:?}: {progress:?}");
+        assert!(
+            progress[..3].iter().all(|&p| p > 10),
+            "{kind:?}: {progress:?}"
+        );
     }
 }
