@@ -4,6 +4,7 @@
 mod bench;
 mod radiff;
 mod replay;
+mod run;
 mod trace;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,9 @@ enum Command {
     /// Replay a trace through the running kernel's page cache and through foliocache on the
     /// same file, and compare the cached pages step by step (or check a recorded comparison).
     RaDiff(radiff::RaDiffArgs),
+    /// Run a command with the preload library: it reads the files under --paths through a
+    /// private foliocache (`fcache run --paths DIR -- sqlite3 DIR/db.sqlite`).
+    Run(run::RunArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args),
         Command::Replay(args) => replay::run(&args),
         Command::RaDiff(args) => radiff::run(&args),
+        Command::Run(args) => run::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

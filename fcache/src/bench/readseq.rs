@@ -88,7 +88,7 @@ fn kernel_read_ahead_kb(dir: &Path) -> Option<u64> {
 /// Where the data files go: `--dir`, else the system temporary directory, else the results
 /// directory (on the checkout's file system), whichever first takes O_DIRECT for real (tmpfs
 /// does not).
-fn data_dir(args: &BenchArgs) -> Result<PathBuf, String> {
+pub(crate) fn data_dir(args: &BenchArgs) -> Result<PathBuf, String> {
     let candidates: Vec<PathBuf> = match &args.dir {
         Some(dir) => vec![dir.clone()],
         None => vec![std::env::temp_dir(), args.out.clone()],
@@ -236,7 +236,7 @@ fn pass(threads: usize, file_size: u64, read: ReadRecord<'_>) -> Result<Pass, St
 /// device pass mostly waits) is slow for a while when work comes back, which showed as a 30%
 /// advantage for whichever system ran after a busy one (measured: the same policy in two
 /// positions of the rotation).
-fn settle() {
+pub(crate) fn settle() {
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     std::thread::scope(|s| {
         for _ in 0..cpus {

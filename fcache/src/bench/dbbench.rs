@@ -1,0 +1,482 @@
+//! `fcache bench dbbench`: seed 000's experiment with the real program. RocksDB's `db_bench`
+//! (Debian's rocksdb-tools; an assertion build, so absolute figures are low) reads one database
+//! through the kernel's page cache and through the preload library.
+//!
+//! * Once: `fillseq` (no compression, no WAL) writes a database several times the size of the
+//!   block cache, then it is synced.
+//! * Cases: `readseq` and `readrandom`, each `cold` and `warm`. Every repetition runs, for each
+//!   system, `db_bench --benchmarks=X` from cold (the database files' pages dropped from the
+//!   kernel's cache with `POSIX_FADV_DONTNEED`, checked with `mincore`) and then
+//!   `--benchmarks=X,X` from cold: its first pass warms the cache, its second is the warm
+//!   figure. The preload library's cache lives in the process, so this is the only way it can
+//!   be warm; the kernel gets the same treatment.
+//! * Systems: `kernel` (db_bench as it is) and `foliocache` (db_bench with
+//!   `libfoliocache_preload.so`, serving the database directory). Both with
+//!   `--use_direct_reads=false`: RocksDB reads with `pread`, and advises random access on open
+//!   (its default), so its iterators issue `readahead(2)` themselves.
+//! * Metrics: `ops/s` as db_bench reports it (all threads), and `cpu_s`, user + system CPU
+//!   seconds of the db_bench process: for a cold case the whole run (`wait4`), starting and
+//!   opening the database included; for a warm case, from the first pass's result line
+//!   (`/proc/PID/stat`, 10 ms ticks; db_bench runs under `stdbuf -oL`) to the end.
+//! * Before each run, memory the size of the database is touched and freed (this VM hands idle
+//!   memory back to the host and a first touch afterwards is slow, `baselines.md` §8), for
+//!   both systems alike; systems alternate in order from one repetition to the next, after a
+//!   wait for an idle machine.
+
+use super::BenchArgs;
+use super::readseq::{data_dir, settle};
+use super::report::{Figure, Plot, Report, wait_for_idle};
+use crate::run::{find_preload, preload_env};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const SYSTEMS: [&str; 2] = ["kernel", "foliocache"];
+const WORKLOADS: [&str; 2] = ["readseq", "readrandom"];
+
+struct Sizes {
+    /// Keys in the database.
+    num: u64,
+    value_bytes: u64,
+    /// Reads per thread for readrandom (readseq reads every key per thread).
+    random_reads: u64,
+    /// RocksDB's block cache (small: the database is several times larger).
+    block_cache: u64,
+    threads: u32,
+}
+
+/// The database directory (deleted on drop).
+struct Database {
+    dir: PathBuf,
+}
+
+impl Drop for Database {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One finished db_bench run.
+struct RunResult {
+    /// ops/s of each benchmark pass, in order.
+    ops: Vec<f64>,
+    /// CPU seconds of each pass (the first includes starting and opening the database).
+    cpu_s: Vec<f64>,
+}
+
+fn db_bench() -> Result<PathBuf, String> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("db_bench"))
+            .find(|path| path.is_file())
+    });
+    found.ok_or_else(|| {
+        "db_bench not found: install Debian's rocksdb-tools (`apt-get install rocksdb-tools`)"
+            .to_owned()
+    })
+}
+
+fn common_args(db: &Path, sizes: &Sizes) -> Vec<String> {
+    vec![
+        format!("--db={}", db.display()),
+        format!("--num={}", sizes.num),
+        format!("--value_size={}", sizes.value_bytes),
+        "--compression_type=none".into(),
+        format!("--cache_size={}", sizes.block_cache),
+        "--use_direct_reads=false".into(),
+        "--seed=1".into(),
+    ]
+}
+
+/// Whether a db_bench output line is a pass's result (`readseq : ... N ops/sec ...`; not the
+/// `Read rate: 0 ops/second` line printed at start).
+fn is_result(line: &str) -> bool {
+    line.split_whitespace().any(|word| word == "ops/sec")
+}
+
+/// User + system CPU seconds of process `pid` so far (`/proc/PID/stat`, clock ticks).
+fn cpu_so_far(pid: libc::pid_t) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    Some(ticks as f64 / hz as f64)
+}
+
+/// Runs db_bench with `args` (and the preload environment if given); returns each pass's ops/s
+/// and CPU time: the whole process for the first pass, and from the moment the previous pass
+/// printed its result for the later ones (db_bench's stdout is line buffered with `stdbuf`, so
+/// the result line arrives as the pass ends).
+fn run_db_bench(
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+) -> Result<RunResult, String> {
+    let child = Command::new("stdbuf")
+        .arg("-oL")
+        .arg(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run stdbuf db_bench: {e}"))?;
+    let pid = child.id() as libc::pid_t;
+    // Read the pipes on threads so the child never blocks on a full one, and reap it with
+    // wait4 for its resource usage.
+    let stdout = child.stdout.ok_or("no stdout")?;
+    let mut stderr = child.stderr.ok_or("no stderr")?;
+    let out_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut marks = Vec::new();
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            if is_result(&line) {
+                marks.push(cpu_so_far(pid));
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        (text, marks)
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let mut status = 0;
+    // SAFETY: a zeroed rusage is a valid value for wait4 to overwrite.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: wait4 on our own child, with valid pointers to locals.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let (out, marks) = out_reader.join().unwrap_or_default();
+    let err = err_reader.join().unwrap_or_default();
+    if rc != pid {
+        return Err(format!(
+            "wait4 on db_bench failed: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let exit = std::process::ExitStatus::from_raw(status);
+    if !exit.success() {
+        return Err(format!(
+            "db_bench {} failed ({exit}):\n{out}\n{err}",
+            args.join(" ")
+        ));
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let total = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+    let ops: Vec<f64> = out
+        .lines()
+        .filter(|line| is_result(line))
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let at = words.iter().position(|w| *w == "ops/sec")?;
+            words.get(at.checked_sub(1)?)?.parse().ok()
+        })
+        .collect();
+    // Pass k's CPU: from the previous pass's result line to this one's (the last: to exit).
+    let mut cpu_s = Vec::new();
+    let mut before = 0.0;
+    for k in 0..ops.len() {
+        let at = if k + 1 == ops.len() {
+            total
+        } else {
+            marks.get(k).copied().flatten().unwrap_or(f64::NAN)
+        };
+        cpu_s.push(at - before);
+        before = at;
+    }
+    Ok(RunResult { ops, cpu_s })
+}
+
+/// Drops the database files' pages from the kernel's cache and returns how many stayed
+/// resident (0 unless something keeps them, `mincore` tells).
+fn drop_kernel_cache(dir: &Path) -> Result<u64, String> {
+    let mut resident = 0;
+    for entry in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
+        let path = entry.map_err(|e| e.to_string())?.path();
+        if !path.is_file() {
+            continue;
+        }
+        let file = std::fs::File::open(&path).map_err(|e| e.to_string())?;
+        let _ = file.sync_data();
+        rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
+            .map_err(|e| format!("fadvise {}: {e}", path.display()))?;
+        resident += resident_pages(&file)?;
+    }
+    Ok(resident)
+}
+
+/// Pages of `file` in the kernel's page cache (`mincore` over a read-only mapping).
+fn resident_pages(file: &std::fs::File) -> Result<u64, String> {
+    use std::os::fd::AsRawFd;
+    let len = file.metadata().map_err(|e| e.to_string())?.len() as usize;
+    if len == 0 {
+        return Ok(0);
+    }
+    // SAFETY: a new shared read-only mapping of an open file; nothing else refers to it and it
+    // is unmapped below.
+    let map = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if map == libc::MAP_FAILED {
+        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
+    }
+    let pages = len.div_ceil(4096);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: `map` is a mapping of `len` bytes and `vec` has one byte per page of it.
+    let rc = unsafe { libc::mincore(map, len, vec.as_mut_ptr()) };
+    // SAFETY: unmapping the mapping made above, which nothing else uses.
+    unsafe { libc::munmap(map, len) };
+    if rc != 0 {
+        return Err(format!("mincore: {}", std::io::Error::last_os_error()));
+    }
+    Ok(vec.iter().filter(|b| **b & 1 != 0).count() as u64)
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.metadata().ok())
+                .filter(std::fs::Metadata::is_file)
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// db_bench and the preload library, or what is missing.
+pub(crate) fn prerequisites() -> Result<(PathBuf, PathBuf), String> {
+    Ok((db_bench()?, find_preload(None)?))
+}
+
+pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
+    let (program, lib) = prerequisites()?;
+    let base = data_dir(args)?;
+    let threads = args
+        .threads
+        .as_ref()
+        .and_then(|t| t.first().copied())
+        .unwrap_or(2);
+    let sizes = if args.full {
+        Sizes {
+            num: 1_000_000,
+            value_bytes: 1024,
+            random_reads: 200_000,
+            block_cache: 8 << 20,
+            threads,
+        }
+    } else {
+        Sizes {
+            num: 100_000,
+            value_bytes: 1024,
+            random_reads: 50_000,
+            block_cache: 8 << 20,
+            threads,
+        }
+    };
+    let reps = args
+        .reps
+        .map_or(if args.full { 5 } else { 3 }, |r| r as usize);
+    let database = Database {
+        dir: base.join(format!("fcache-dbbench-{}", std::process::id())),
+    };
+    let _ = std::fs::remove_dir_all(&database.dir);
+    std::fs::create_dir_all(&database.dir).map_err(|e| e.to_string())?;
+    let db = std::fs::canonicalize(&database.dir).map_err(|e| e.to_string())?;
+    let common = common_args(&db, &sizes);
+
+    let bar = ProgressBar::new((reps * WORKLOADS.len() * SYSTEMS.len() * 2 + 1) as u64).with_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.set_prefix("dbbench");
+    bar.set_message("fillseq");
+    let mut fill = common.clone();
+    fill.extend([
+        "--benchmarks=fillseq".into(),
+        "--threads=1".into(),
+        "--disable_wal=1".into(),
+    ]);
+    run_db_bench(&program, &fill, &[])?;
+    bar.inc(1);
+    let db_bytes = dir_bytes(&db);
+    // The cache holds the whole database (a warm pass is then served from memory).
+    let capacity_mb = (db_bytes >> 20) * 3 / 2 + 64;
+    let stats_path = db.with_extension("stats.jsonl");
+    let _ = std::fs::remove_file(&stats_path);
+    let preload = preload_env(
+        &lib,
+        &db.display().to_string(),
+        Some(capacity_mb),
+        None,
+        Some(&stats_path),
+    );
+
+    let mut report = Report::new(
+        "dbbench",
+        json!({
+            "db_bench": program.display().to_string(),
+            "keys": sizes.num,
+            "value_bytes": sizes.value_bytes,
+            "database_bytes": db_bytes,
+            "block_cache_bytes": sizes.block_cache,
+            "threads": sizes.threads,
+            "readrandom_reads_per_thread": sizes.random_reads,
+            "readseq_reads_per_thread": sizes.num,
+            "reps": reps,
+            "foliocache_capacity_mb": capacity_mb,
+            "preload": lib.display().to_string(),
+            "dir": db.display().to_string(),
+        }),
+    );
+    let mut resident_after_drop = 0u64;
+    let mut counters = serde_json::Map::new();
+    let mut plot_groups = Vec::new();
+    for workload in WORKLOADS {
+        let mut run_args = common.clone();
+        run_args.extend([
+            "--use_existing_db=1".to_owned(),
+            format!("--threads={}", sizes.threads),
+        ]);
+        if workload == "readrandom" {
+            run_args.push(format!("--reads={}", sizes.random_reads));
+        }
+        // samples[system][cold/warm] = (ops/s, cpu_s) per repetition.
+        let mut ops = [[vec![], vec![]], [vec![], vec![]]];
+        let mut cpu = [[vec![], vec![]], [vec![], vec![]]];
+        let mut busy = false;
+        for rep in 0..reps {
+            busy |= wait_for_idle(Duration::from_secs(3));
+            for step in 0..SYSTEMS.len() {
+                let system = if rep % 2 == 0 { step } else { 1 - step };
+                let env: &[(String, String)] = if system == 1 { &preload } else { &[] };
+                let mut results = Vec::new();
+                for passes in [1, 2] {
+                    bar.set_message(format!(
+                        "{workload} {} rep {}/{reps}",
+                        SYSTEMS[system],
+                        rep + 1
+                    ));
+                    resident_after_drop += drop_kernel_cache(&db)?;
+                    drop(super::touched_buffer(db_bytes as usize));
+                    settle();
+                    let mut this = run_args.clone();
+                    this.push(format!("--benchmarks={}", vec![workload; passes].join(",")));
+                    if system == 1 {
+                        let _ = std::fs::remove_file(&stats_path);
+                    }
+                    let result = run_db_bench(&program, &this, env)?;
+                    if result.ops.len() != passes {
+                        return Err(format!(
+                            "db_bench printed {} results for {passes} passes",
+                            result.ops.len()
+                        ));
+                    }
+                    results.push(result);
+                    bar.inc(1);
+                }
+                ops[system][0].push(results[0].ops[0]);
+                cpu[system][0].push(results[0].cpu_s[0]);
+                ops[system][1].push(results[1].ops[1]);
+                cpu[system][1].push(results[1].cpu_s[1]);
+                if system == 1 {
+                    // The cache's own counters of the last (cold + warm) run, as a check that it
+                    // served the reads.
+                    let text = std::fs::read_to_string(&stats_path).unwrap_or_default();
+                    if let Some(line) = text.lines().next()
+                        && let Ok(value) = serde_json::from_str::<serde_json::Value>(line)
+                    {
+                        counters.insert(format!("{workload}/foliocache"), value);
+                    }
+                }
+            }
+        }
+        let mut groups = Vec::new();
+        for (temp_index, temp) in ["cold", "warm"].into_iter().enumerate() {
+            let case = format!("{workload}/{temp}");
+            for (system, name) in SYSTEMS.iter().enumerate() {
+                report.results.push(Figure::new(
+                    &case,
+                    name,
+                    "ops/s",
+                    &ops[system][temp_index],
+                    busy,
+                ));
+                report.results.push(Figure::new(
+                    &case,
+                    name,
+                    "cpu_s",
+                    &cpu[system][temp_index],
+                    busy,
+                ));
+            }
+            report.ratio(&case, "ops/s", "foliocache", "kernel");
+            report.ratio(&case, "cpu_s", "foliocache", "kernel");
+            let bars = SYSTEMS
+                .iter()
+                .filter_map(|name| {
+                    report
+                        .figure(&case, name, "ops/s")
+                        .map(|f| ((*name).to_owned(), f.median / 1e3))
+                })
+                .collect();
+            groups.push((case, bars));
+        }
+        plot_groups.extend(groups);
+    }
+    bar.finish_and_clear();
+    counters.insert(
+        "kernel_pages_resident_after_drop".into(),
+        json!(resident_after_drop),
+    );
+    report.counters = serde_json::Value::Object(counters);
+    report.plots.push(Plot {
+        file: "dbbench.svg".into(),
+        title: format!(
+            "db_bench, {} threads, {} MiB database, {} MiB block cache",
+            sizes.threads,
+            db_bytes >> 20,
+            sizes.block_cache >> 20
+        ),
+        unit: "kops/s".into(),
+        groups: plot_groups,
+    });
+    let goal = |report: &Report, case: &str| {
+        report
+            .ratios
+            .iter()
+            .find(|r| r.case == case && r.what.contains("ops/s"))
+            .map_or(f64::NAN, |r| r.ratio)
+    };
+    report.notes.push(format!(
+        "Goals: readseq/cold foliocache/kernel ≥ 1.0× (measured {:.2}×); readrandom/warm ≥ 1.5× \
+         (measured {:.2}×). db_bench is Debian's assertion build. Cold cpu_s is the whole \
+         process; warm cpu_s the second pass (from the first pass's result line, 10 ms ticks).",
+        goal(&report, "readseq/cold"),
+        goal(&report, "readrandom/warm"),
+    ));
+    if resident_after_drop > 0 {
+        report.notes.push(format!(
+            "Warning: {resident_after_drop} database pages stayed in the kernel's cache after \
+             POSIX_FADV_DONTNEED (mincore); cold figures may be partly warm."
+        ));
+    }
+    let _ = std::fs::remove_file(&stats_path);
+    Ok(report)
+}

@@ -1,0 +1,111 @@
+//! `fcache run`: runs a command with the preload library, so that it reads the files under
+//! the given directories through a private foliocache.
+
+use clap::Args;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The preload library's file name.
+pub(crate) const PRELOAD_LIB: &str = "libfoliocache_preload.so";
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// Directories whose files are cached, colon-separated (default: the current directory).
+    #[arg(long, value_name = "DIRS")]
+    paths: Option<String>,
+    /// The cache's memory budget in MiB (default 256).
+    #[arg(long, value_name = "N")]
+    capacity_mb: Option<u64>,
+    /// Maximum readahead window in KiB (default: the device's read_ahead_kb).
+    #[arg(long, value_name = "KIB")]
+    ra_kb: Option<u64>,
+    /// Append the cache's counters (one JSON object per process) to this file at exit.
+    #[arg(long, value_name = "PATH")]
+    stats: Option<PathBuf>,
+    /// The preload library (default: next to this fcache binary, or $FOLIOCACHE_PRELOAD).
+    #[arg(long, value_name = "PATH")]
+    lib: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+/// Where the preload library is: `explicit`, else `$FOLIOCACHE_PRELOAD`, else next to the
+/// running binary (cargo puts both in target/<profile>/).
+pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    let candidate = match explicit {
+        Some(path) => path.to_path_buf(),
+        None => match std::env::var_os("FOLIOCACHE_PRELOAD") {
+            Some(path) => PathBuf::from(path),
+            None => std::env::current_exe()
+                .map_err(|e| e.to_string())?
+                .with_file_name(PRELOAD_LIB),
+        },
+    };
+    if candidate.is_file() {
+        std::fs::canonicalize(&candidate).map_err(|e| e.to_string())
+    } else {
+        Err(format!(
+            "{} not found; build it with `cargo build --release -p foliocache-preload` (it lands \
+             next to fcache in target/release/), or pass --lib PATH",
+            candidate.display()
+        ))
+    }
+}
+
+/// The environment that makes a child run on the library.
+pub(crate) fn preload_env(
+    lib: &Path,
+    paths: &str,
+    capacity_mb: Option<u64>,
+    ra_kb: Option<u64>,
+    stats: Option<&Path>,
+) -> Vec<(String, String)> {
+    let mut preload = lib.display().to_string();
+    if let Ok(existing) = std::env::var("LD_PRELOAD")
+        && !existing.is_empty()
+    {
+        preload = format!("{preload}:{existing}");
+    }
+    let mut env = vec![
+        ("LD_PRELOAD".to_owned(), preload),
+        ("FOLIOCACHE_PATHS".to_owned(), paths.to_owned()),
+    ];
+    if let Some(mb) = capacity_mb {
+        env.push(("FOLIOCACHE_CAPACITY_MB".to_owned(), mb.to_string()));
+    }
+    if let Some(kb) = ra_kb {
+        env.push(("FOLIOCACHE_RA_KB".to_owned(), kb.to_string()));
+    }
+    if let Some(stats) = stats {
+        env.push(("FOLIOCACHE_STATS".to_owned(), stats.display().to_string()));
+    }
+    env
+}
+
+pub(crate) fn run(args: &RunArgs) -> Result<(), String> {
+    let lib = find_preload(args.lib.as_deref())?;
+    let paths = match &args.paths {
+        Some(paths) => paths.clone(),
+        None => std::env::current_dir()
+            .map_err(|e| e.to_string())?
+            .display()
+            .to_string(),
+    };
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or("no command given (fcache run [OPTIONS] -- CMD ARGS)")?;
+    let error = Command::new(program)
+        .args(rest)
+        .envs(preload_env(
+            &lib,
+            &paths,
+            args.capacity_mb,
+            args.ra_kb,
+            args.stats.as_deref(),
+        ))
+        .exec();
+    Err(format!("cannot run {program}: {error}"))
+}

@@ -1,0 +1,161 @@
+//! The C API from C: the checked-in header is what cbindgen makes of the sources today, and the
+//! example program (`examples/cat.c`) compiles with gcc and prints files byte for byte.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The cbindgen version the header is generated with (`.ci/run` installs it).
+const CBINDGEN_VERSION: &str = "0.29.4";
+
+fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A missing tool fails the test, unless `FOLIOCACHE_ALLOW_SKIP=1` (then it says so and skips).
+fn missing(what: &str) {
+    if std::env::var("FOLIOCACHE_ALLOW_SKIP").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: {what} (FOLIOCACHE_ALLOW_SKIP=1)");
+    } else {
+        panic!("{what}; install it (see .ci/run) or set FOLIOCACHE_ALLOW_SKIP=1");
+    }
+}
+
+fn cbindgen() -> Option<PathBuf> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(path) = std::env::var_os("CBINDGEN") {
+        candidates.push(path.into());
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        candidates.push(Path::new(&home).join(".cargo/bin/cbindgen"));
+    }
+    candidates.push("cbindgen".into());
+    candidates.into_iter().find(|tool| {
+        Command::new(tool)
+            .arg("--version")
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(CBINDGEN_VERSION))
+    })
+}
+
+#[test]
+fn checked_in_header_is_current() {
+    let Some(tool) = cbindgen() else {
+        return missing(&format!("cbindgen {CBINDGEN_VERSION} not found"));
+    };
+    let out = std::env::temp_dir().join(format!("foliocache-header-{}.h", std::process::id()));
+    let status = Command::new(tool)
+        .current_dir(crate_dir())
+        .args(["--config", "cbindgen.toml", "--quiet", "--output"])
+        .arg(&out)
+        .status()
+        .expect("run cbindgen");
+    assert!(status.success(), "cbindgen failed");
+    let fresh = std::fs::read_to_string(&out).expect("generated header");
+    let _ = std::fs::remove_file(&out);
+    let checked_in =
+        std::fs::read_to_string(crate_dir().join("include/foliocache.h")).expect("header");
+    assert!(
+        fresh == checked_in,
+        "include/foliocache.h is stale: run `cbindgen --config cbindgen.toml --output \
+         include/foliocache.h` in foliocache-capi/"
+    );
+}
+
+/// The directory holding this test's build of the library (target/<profile>).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// `cargo test` builds the library as an rlib only: build the shared library of the same
+/// profile into the same target directory.
+fn build_cdylib(lib_dir: &Path) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .args(["build", "--quiet", "-p", "foliocache-capi", "--target-dir"])
+        .arg(lib_dir.parent().expect("target directory"));
+    match lib_dir.file_name().and_then(|name| name.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            command.arg("--release");
+        }
+        Some(profile) => {
+            command.args(["--profile", profile]);
+        }
+        None => panic!("unexpected target layout {}", lib_dir.display()),
+    }
+    let status = command.status().expect("run cargo build");
+    assert!(status.success(), "cargo build -p foliocache-capi failed");
+}
+
+#[test]
+fn c_example_prints_files_byte_for_byte() {
+    let lib_dir = profile_dir();
+    build_cdylib(&lib_dir);
+    assert!(
+        lib_dir.join("libfoliocache_capi.so").exists(),
+        "libfoliocache_capi.so not built in {}",
+        lib_dir.display()
+    );
+    if Command::new("gcc").arg("--version").output().is_err() {
+        return missing("gcc not found");
+    }
+    // On the checkout's file system (the system temporary directory may be tmpfs, which has
+    // no direct I/O).
+    let work = lib_dir.join(format!("capi-test-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let exe = work.join("fc-cat");
+    let status = Command::new("gcc")
+        .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(crate_dir().join("examples/cat.c"))
+        .arg("-L")
+        .arg(&lib_dir)
+        .args(["-lfoliocache_capi", "-o"])
+        .arg(&exe)
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "gcc failed to compile examples/cat.c");
+
+    let mut files = Vec::new();
+    let mut expected = Vec::new();
+    for (name, size) in [
+        ("empty", 0usize),
+        ("small", 1),
+        ("page", 4096),
+        ("odd", 3 * (1 << 20) + 123),
+    ] {
+        let data: Vec<u8> = (0..size).map(|i| (i * 7 + i / 4096) as u8).collect();
+        let path = work.join(name);
+        std::fs::write(&path, &data).unwrap();
+        expected.extend_from_slice(&data);
+        files.push(path);
+    }
+    let out = Command::new(&exe)
+        .args(&files)
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .output()
+        .expect("run fc-cat");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fc-cat failed: {stderr}");
+    assert!(
+        out.stdout == expected,
+        "fc-cat's output differs from the files"
+    );
+    assert!(stderr.contains("read from the device"), "{stderr}");
+
+    // A missing file: a clear message and a failing exit status, no crash.
+    let out = Command::new(&exe)
+        .arg(work.join("missing"))
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .output()
+        .expect("run fc-cat");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("No such file"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&work);
+}

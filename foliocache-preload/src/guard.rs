@@ -1,0 +1,40 @@
+//! Reentrancy: whether this thread is already inside a hook.
+//!
+//! The library's own code calls `open`, `read`, `fstat`... through the same symbols the
+//! program does (they resolve to this library's hooks). So does a signal handler that
+//! interrupts a hook and reads a file. A hook entered while the thread is already inside one
+//! must not touch the cache or take any lock of this library: it takes the *raw path* (the
+//! real libc call, at the offset the fd table keeps). [`enter`] tells which case it is.
+
+use std::cell::Cell;
+
+thread_local! {
+    // A const-initialised Cell without a destructor: no allocation, no registration, safe to
+    // touch at any point of a thread's life.
+    static INSIDE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Proof that this thread entered a hook from outside; leaving clears the mark.
+#[derive(Debug)]
+pub(crate) struct Entered(());
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        let _ = INSIDE.try_with(|inside| inside.set(false));
+    }
+}
+
+/// Marks this thread as inside a hook, or `None` if it already was (a nested call: the library
+/// itself, or a signal handler that interrupted a hook).
+pub(crate) fn enter() -> Option<Entered> {
+    INSIDE
+        .try_with(|inside| {
+            if inside.replace(true) {
+                None
+            } else {
+                Some(Entered(()))
+            }
+        })
+        .ok()
+        .flatten()
+}

@@ -1,0 +1,1299 @@
+#![allow(unreachable_pub)] // the `pub extern "C"` functions are the C symbols this library exports
+//! The interposed system-call wrappers. Each has its libc prototype; an fd the table does not
+//! serve goes straight to the real function.
+//!
+//! Reads of a served fd go through the cache (`adapter`) at the description's offset (read,
+//! readv) or the given one (pread, preadv); writes go to the kernel (the real `pwrite` at the
+//! description's offset, or the real `write` with `O_APPEND`) and then invalidate. A hook
+//! entered from inside another (see `guard`) does the same I/O with the real calls and touches
+//! no cache and no lock.
+//!
+//! The C contracts are the caller's: a buffer of `count` bytes, `iovcnt` valid iovecs, a
+//! NUL-terminated path. Like libc, these wrappers trust them (where the kernel would return
+//! EFAULT for a bad buffer, a read served from the cache faults).
+//!
+//! `open`, `openat` and `fcntl` are variadic in C. They are defined here with the optional
+//! argument as a fixed one: on x86_64 and aarch64 Linux a variadic integer argument travels in
+//! the same register as a fixed one (the crate refuses to build elsewhere), and the value is
+//! only passed on to libc, which reads it only when the flags say it is there.
+
+use crate::guard::{self, Entered};
+use crate::table::{self, Description};
+use crate::{real, runtime, stats};
+use libc::{c_char, c_int, c_uint, c_void, iovec, mode_t, off_t, off64_t, size_t, ssize_t};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+fn set_errno(errno: c_int) {
+    // SAFETY: __errno_location returns this thread's errno slot, always valid.
+    unsafe { *libc::__errno_location() = errno };
+}
+
+/// The largest single read or write Linux does (`MAX_RW_COUNT`).
+const MAX_RW: usize = 0x7fff_f000;
+
+thread_local! {
+    /// This thread's preferred readahead slot in a description.
+    static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+
+fn preferred_slot() -> usize {
+    SLOT.try_with(|slot| {
+        if slot.get() == usize::MAX {
+            slot.set(NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % table::HANDLE_SLOTS);
+        }
+        slot.get()
+    })
+    .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+/// Reads `count` bytes at `pos` of a served fd into `buf`: through the cache when `outer`,
+/// else (nested) with the real pread.
+///
+/// # Safety
+/// `buf` points to `count` writable bytes (read(2)'s contract).
+unsafe fn read_at(
+    d: &Description,
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    pos: u64,
+    outer: Option<&Entered>,
+) -> ssize_t {
+    let pass = || {
+        stats::read_passed_through();
+        // SAFETY: the caller's buffer promise, passed on.
+        unsafe { real::pread64(fd, buf, count, pos as off64_t) }
+    };
+    if outer.is_none() || !d.readable || count == 0 || buf.is_null() || pos > i64::MAX as u64 {
+        return pass();
+    }
+    let count = count.min(MAX_RW);
+    // SAFETY: not null, at most MAX_RW bytes, and by read(2)'s contract writable for `count`
+    // bytes and not used by anyone else during the call.
+    let slice = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), count) };
+    let advice = d.advice.load(Ordering::Relaxed);
+    match d
+        .inode
+        .read(fd, &d.handles, preferred_slot(), advice, slice, pos)
+    {
+        Some(Ok(n)) => {
+            stats::read_served(n);
+            n as ssize_t
+        }
+        Some(Err(errno)) => {
+            set_errno(errno);
+            -1
+        }
+        None => pass(),
+    }
+}
+
+/// Reads into `iov` at `pos` (vectored), one iovec after another, stopping at a short read.
+///
+/// # Safety
+/// `iov` points to `iovcnt` iovecs, each a writable buffer.
+unsafe fn readv_at(
+    d: &Description,
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    pos: u64,
+    outer: Option<&Entered>,
+) -> ssize_t {
+    if outer.is_none() || !d.readable || iov.is_null() || !(0..=1024).contains(&iovcnt) {
+        // SAFETY: the caller's promise, passed on (the kernel checks the count).
+        return unsafe { real::preadv64(fd, iov, iovcnt, pos as off64_t) };
+    }
+    // SAFETY: not null, and by readv(2)'s contract `iovcnt` valid iovecs.
+    let vectors = unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) };
+    let mut total: usize = 0;
+    for v in vectors {
+        if v.iov_len == 0 {
+            continue;
+        }
+        let want = v.iov_len.min(MAX_RW - total);
+        // SAFETY: each iovec is a writable buffer of iov_len bytes (readv's contract).
+        let n = unsafe { read_at(d, fd, v.iov_base, want, pos + total as u64, outer) };
+        if n < 0 {
+            return if total > 0 { total as ssize_t } else { n };
+        }
+        total += n as usize;
+        if (n as usize) < want || total >= MAX_RW {
+            break;
+        }
+    }
+    total as ssize_t
+}
+
+/// read/readv at the description's offset, moving it.
+fn at_offset(d: &Description, fd: c_int, io: impl FnOnce(u64) -> ssize_t) -> ssize_t {
+    let Some(pos) = d.offset(fd) else {
+        return -1; // lseek failed and set errno
+    };
+    let n = io(pos);
+    if n > 0 {
+        d.set_offset(fd, pos + n as u64);
+    }
+    n
+}
+
+/// # Safety
+/// read(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::read(fd, buf, count) };
+    };
+    let outer = guard::enter();
+    // SAFETY: read(2)'s contract, passed on.
+    at_offset(&d, fd, |pos| unsafe {
+        read_at(&d, fd, buf, count, pos, outer.as_ref())
+    })
+}
+
+/// # Safety
+/// pread(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pread64(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    offset: off64_t,
+) -> ssize_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::pread64(fd, buf, count, offset) };
+    };
+    if offset < 0 {
+        // SAFETY: passed on unchanged (the kernel reports EINVAL).
+        return unsafe { real::pread64(fd, buf, count, offset) };
+    }
+    let outer = guard::enter();
+    // SAFETY: pread(2)'s contract, passed on.
+    unsafe { read_at(&d, fd, buf, count, offset as u64, outer.as_ref()) }
+}
+
+/// # Safety
+/// pread(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pread(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    offset: off_t,
+) -> ssize_t {
+    // SAFETY: the same function (off_t is 64 bits here).
+    unsafe { pread64(fd, buf, count, offset) }
+}
+
+/// # Safety
+/// readv(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::readv(fd, iov, iovcnt) };
+    };
+    let outer = guard::enter();
+    // SAFETY: readv(2)'s contract, passed on.
+    at_offset(&d, fd, |pos| unsafe {
+        readv_at(&d, fd, iov, iovcnt, pos, outer.as_ref())
+    })
+}
+
+/// # Safety
+/// preadv(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn preadv64(
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    offset: off64_t,
+) -> ssize_t {
+    match table::get(fd) {
+        Some(d) if offset >= 0 => {
+            let outer = guard::enter();
+            // SAFETY: preadv(2)'s contract, passed on.
+            unsafe { readv_at(&d, fd, iov, iovcnt, offset as u64, outer.as_ref()) }
+        }
+        // SAFETY: passed on unchanged.
+        _ => unsafe { real::preadv64(fd, iov, iovcnt, offset) },
+    }
+}
+
+/// # Safety
+/// preadv(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn preadv(
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    offset: off_t,
+) -> ssize_t {
+    // SAFETY: the same function.
+    unsafe { preadv64(fd, iov, iovcnt, offset) }
+}
+
+/// # Safety
+/// preadv2(2)'s contract. Flags (RWF_NOWAIT, RWF_HIPRI...) are the kernel's business: such a
+/// read passes through.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn preadv64v2(
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    offset: off64_t,
+    flags: c_int,
+) -> ssize_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::preadv64v2(fd, iov, iovcnt, offset, flags) };
+    };
+    let outer = guard::enter();
+    let outer = if flags == 0 { outer } else { None };
+    if offset == -1 {
+        // The current offset, moved.
+        // SAFETY: preadv2's contract, passed on.
+        return at_offset(&d, fd, |pos| unsafe {
+            readv_at(&d, fd, iov, iovcnt, pos, outer.as_ref())
+        });
+    }
+    if offset < 0 || flags != 0 {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::preadv64v2(fd, iov, iovcnt, offset, flags) };
+    }
+    // SAFETY: preadv2's contract, passed on.
+    unsafe { readv_at(&d, fd, iov, iovcnt, offset as u64, outer.as_ref()) }
+}
+
+/// # Safety
+/// preadv2(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn preadv2(
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    offset: off_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: the same function.
+    unsafe { preadv64v2(fd, iov, iovcnt, offset, flags) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes: through to the kernel, then the cached range is invalidated.
+
+/// After the kernel wrote `n` bytes at `pos` (`None`: somewhere, e.g. an O_APPEND pwrite).
+fn written(d: &Description, pos: Option<u64>, n: ssize_t, outer: Option<&Entered>) {
+    if n <= 0 {
+        return;
+    }
+    stats::written_through(n as u64);
+    match (outer, pos) {
+        (Some(_), Some(pos)) => d.inode.written(pos, n as u64),
+        (Some(_), None) => d.inode.written(0, u64::MAX),
+        // Nested (a signal handler writing): no lock may be taken; stop caching the file.
+        (None, _) => d.inode.bump(),
+    }
+}
+
+/// A write at the description's offset (or appended), with `io(pos)` doing a positional write
+/// and `append()` a plain one for O_APPEND.
+fn write_at_offset(
+    d: &Description,
+    fd: c_int,
+    outer: Option<&Entered>,
+    io: impl FnOnce(u64) -> ssize_t,
+    append: impl FnOnce() -> ssize_t,
+) -> ssize_t {
+    if d.append.load(Ordering::SeqCst) {
+        let n = append();
+        if n > 0 {
+            // SAFETY: lseek on the program's fd, integer arguments.
+            let end = unsafe { real::lseek64(fd, 0, libc::SEEK_CUR) };
+            if end >= 0 {
+                d.offset.store(end as u64, Ordering::SeqCst);
+                written(d, Some(end as u64 - n as u64), n, outer);
+            } else {
+                written(d, None, n, outer);
+            }
+        }
+        return n;
+    }
+    let Some(pos) = d.offset(fd) else {
+        return -1; // lseek failed and set errno
+    };
+    let n = io(pos);
+    if n > 0 {
+        d.set_offset(fd, pos + n as u64);
+        written(d, Some(pos), n, outer);
+    }
+    n
+}
+
+/// # Safety
+/// write(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::write(fd, buf, count) };
+    };
+    let outer = guard::enter();
+    write_at_offset(
+        &d,
+        fd,
+        outer.as_ref(),
+        // SAFETY: write(2)'s contract, passed on.
+        |pos| unsafe { real::pwrite64(fd, buf, count, pos as off64_t) },
+        // SAFETY: write(2)'s contract, passed on.
+        || unsafe { real::write(fd, buf, count) },
+    )
+}
+
+/// # Safety
+/// pwrite(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwrite64(
+    fd: c_int,
+    buf: *const c_void,
+    count: size_t,
+    offset: off64_t,
+) -> ssize_t {
+    // SAFETY: passed on unchanged.
+    let n = unsafe { real::pwrite64(fd, buf, count, offset) };
+    if let Some(d) = table::get(fd) {
+        let outer = guard::enter();
+        // Linux appends a pwrite to an O_APPEND file wherever it was asked to go.
+        let pos = (!d.append.load(Ordering::SeqCst)).then_some(offset as u64);
+        written(&d, pos, n, outer.as_ref());
+    }
+    n
+}
+
+/// # Safety
+/// pwrite(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwrite(
+    fd: c_int,
+    buf: *const c_void,
+    count: size_t,
+    offset: off_t,
+) -> ssize_t {
+    // SAFETY: the same function.
+    unsafe { pwrite64(fd, buf, count, offset) }
+}
+
+/// # Safety
+/// writev(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::writev(fd, iov, iovcnt) };
+    };
+    let outer = guard::enter();
+    write_at_offset(
+        &d,
+        fd,
+        outer.as_ref(),
+        // SAFETY: writev(2)'s contract, passed on.
+        |pos| unsafe { real::pwritev64(fd, iov, iovcnt, pos as off64_t) },
+        // SAFETY: writev(2)'s contract, passed on.
+        || unsafe { real::writev(fd, iov, iovcnt) },
+    )
+}
+
+/// # Safety
+/// pwritev(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwritev64(
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    offset: off64_t,
+) -> ssize_t {
+    // SAFETY: passed on unchanged.
+    let n = unsafe { real::pwritev64(fd, iov, iovcnt, offset) };
+    if let Some(d) = table::get(fd) {
+        let outer = guard::enter();
+        let pos = (!d.append.load(Ordering::SeqCst)).then_some(offset as u64);
+        written(&d, pos, n, outer.as_ref());
+    }
+    n
+}
+
+/// # Safety
+/// pwritev(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwritev(
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    offset: off_t,
+) -> ssize_t {
+    // SAFETY: the same function.
+    unsafe { pwritev64(fd, iov, iovcnt, offset) }
+}
+
+/// # Safety
+/// pwritev2(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwritev64v2(
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    offset: off64_t,
+    flags: c_int,
+) -> ssize_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::pwritev64v2(fd, iov, iovcnt, offset, flags) };
+    };
+    let outer = guard::enter();
+    if offset == -1 {
+        return write_at_offset(
+            &d,
+            fd,
+            outer.as_ref(),
+            // SAFETY: pwritev2(2)'s contract, passed on.
+            |pos| unsafe { real::pwritev64v2(fd, iov, iovcnt, pos as off64_t, flags) },
+            // SAFETY: pwritev2(2)'s contract, passed on.
+            || unsafe { real::pwritev64v2(fd, iov, iovcnt, -1, flags) },
+        );
+    }
+    // SAFETY: passed on unchanged.
+    let n = unsafe { real::pwritev64v2(fd, iov, iovcnt, offset, flags) };
+    let appended = d.append.load(Ordering::SeqCst) || flags & libc::RWF_APPEND != 0;
+    let pos = (!appended).then_some(offset as u64);
+    written(&d, pos, n, outer.as_ref());
+    n
+}
+
+/// # Safety
+/// pwritev2(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn pwritev2(
+    fd: c_int,
+    iov: *const iovec,
+    iovcnt: c_int,
+    offset: off_t,
+    flags: c_int,
+) -> ssize_t {
+    // SAFETY: the same function.
+    unsafe { pwritev64v2(fd, iov, iovcnt, offset, flags) }
+}
+
+/// A change of size or of ranges the hook cannot name (truncate, fallocate): the cached file
+/// is not used again.
+fn resized(fd: c_int, rc: c_int) -> c_int {
+    if rc == 0
+        && let Some(d) = table::get(fd)
+    {
+        match guard::enter() {
+            Some(_outer) => d.inode.written(0, u64::MAX),
+            None => d.inode.bump(),
+        }
+    }
+    rc
+}
+
+/// # Safety
+/// ftruncate(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
+    // SAFETY: integer arguments.
+    resized(fd, unsafe { real::ftruncate64(fd, len) })
+}
+
+/// # Safety
+/// ftruncate(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
+    // SAFETY: the same function.
+    unsafe { ftruncate64(fd, len) }
+}
+
+/// # Safety
+/// fallocate(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fallocate64(
+    fd: c_int,
+    mode: c_int,
+    offset: off64_t,
+    len: off64_t,
+) -> c_int {
+    // SAFETY: integer arguments.
+    resized(fd, unsafe { real::fallocate64(fd, mode, offset, len) })
+}
+
+/// # Safety
+/// fallocate(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, offset: off_t, len: off_t) -> c_int {
+    // SAFETY: the same function.
+    unsafe { fallocate64(fd, mode, offset, len) }
+}
+
+/// # Safety
+/// posix_fallocate(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_fallocate64(fd: c_int, offset: off64_t, len: off64_t) -> c_int {
+    // SAFETY: integer arguments.
+    let rc = unsafe { real::posix_fallocate64(fd, offset, len) };
+    resized(fd, rc)
+}
+
+/// # Safety
+/// posix_fallocate(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_fallocate(fd: c_int, offset: off_t, len: off_t) -> c_int {
+    // SAFETY: the same function.
+    unsafe { posix_fallocate64(fd, offset, len) }
+}
+
+/// A path's (device, inode), following symlinks.
+fn key_of_path(path: *const c_char) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `path` is the caller's NUL-terminated path (checked non-null); stat fills the
+    // valid local buffer.
+    let rc = unsafe { libc::stat(path, st.as_mut_ptr()) };
+    (rc == 0).then(|| {
+        // SAFETY: stat succeeded, so it filled the struct.
+        let st = unsafe { st.assume_init() };
+        (st.st_dev, st.st_ino)
+    })
+}
+
+/// # Safety
+/// truncate(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn truncate64(path: *const c_char, len: off64_t) -> c_int {
+    let key = if path.is_null() {
+        None
+    } else {
+        key_of_path(path)
+    };
+    // SAFETY: passed on unchanged.
+    let rc = unsafe { real::truncate64(path, len) };
+    if rc == 0
+        && let Some(_outer) = guard::enter()
+        && let Some(runtime) = runtime()
+        && let Some(inode) = key.and_then(|key| runtime.find(key))
+    {
+        inode.written(0, u64::MAX);
+    }
+    rc
+}
+
+/// # Safety
+/// truncate(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
+    // SAFETY: the same function.
+    unsafe { truncate64(path, len) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Offsets, advice, syncs
+
+/// # Safety
+/// lseek(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lseek64(fd: c_int, offset: off64_t, whence: c_int) -> off64_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: integer arguments.
+        return unsafe { real::lseek64(fd, offset, whence) };
+    };
+    if d.shared.load(Ordering::SeqCst) {
+        // The kernel's offset is the one in use.
+        // SAFETY: integer arguments.
+        let result = unsafe { real::lseek64(fd, offset, whence) };
+        if result >= 0 {
+            d.offset.store(result as u64, Ordering::SeqCst);
+        }
+        return result;
+    }
+    let current = d.offset.load(Ordering::SeqCst);
+    if whence == libc::SEEK_CUR && offset == 0 {
+        return current as off64_t; // tell
+    }
+    // The kernel does the arithmetic and the checks, from the offset this table keeps.
+    // SAFETY: integer arguments.
+    let result = unsafe {
+        if whence == libc::SEEK_CUR {
+            real::lseek64(fd, current as off64_t, libc::SEEK_SET);
+        }
+        real::lseek64(fd, offset, whence)
+    };
+    if result >= 0 {
+        d.offset.store(result as u64, Ordering::SeqCst);
+    }
+    result
+}
+
+/// # Safety
+/// lseek(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lseek(fd: c_int, offset: off_t, whence: c_int) -> off_t {
+    // SAFETY: the same function.
+    unsafe { lseek64(fd, offset, whence) }
+}
+
+/// # Safety
+/// posix_fadvise(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_fadvise64(
+    fd: c_int,
+    offset: off64_t,
+    len: off64_t,
+    advice: c_int,
+) -> c_int {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: integer arguments.
+        return unsafe { real::posix_fadvise64(fd, offset, len, advice) };
+    };
+    if offset < 0 || len < 0 || !(0..=5).contains(&advice) {
+        return libc::EINVAL;
+    }
+    let Some(_outer) = guard::enter() else {
+        return 0; // advice is optional
+    };
+    match advice {
+        libc::POSIX_FADV_NORMAL | libc::POSIX_FADV_SEQUENTIAL | libc::POSIX_FADV_RANDOM => {
+            d.advice.store(advice, Ordering::Relaxed);
+            // Idle readahead states start again with the new pattern.
+            for slot in &d.handles {
+                if let Ok(mut slot) = slot.try_lock() {
+                    *slot = None;
+                }
+            }
+        }
+        libc::POSIX_FADV_WILLNEED => {
+            stats::readahead_call();
+            let pattern = d.advice.load(Ordering::Relaxed);
+            let (offset, len) = (offset as u64, len as u64);
+            d.inode
+                .will_need(fd, &d.handles, preferred_slot(), pattern, offset, len);
+        }
+        libc::POSIX_FADV_DONTNEED => {
+            d.inode.dont_need(fd, offset as u64, len as u64);
+            // The kernel's copy too (pass-through reads may have filled it).
+            // SAFETY: integer arguments.
+            unsafe { real::posix_fadvise64(fd, offset, len, advice) };
+        }
+        _ => {} // NOREUSE: nothing to do
+    }
+    0
+}
+
+/// # Safety
+/// posix_fadvise(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_fadvise(
+    fd: c_int,
+    offset: off_t,
+    len: off_t,
+    advice: c_int,
+) -> c_int {
+    // SAFETY: the same function.
+    unsafe { posix_fadvise64(fd, offset, len, advice) }
+}
+
+/// # Safety
+/// readahead(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn readahead(fd: c_int, offset: off64_t, count: size_t) -> ssize_t {
+    let Some(d) = table::get(fd) else {
+        // SAFETY: integer arguments.
+        return unsafe { real::readahead(fd, offset, count) };
+    };
+    if offset < 0 {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    if let Some(_outer) = guard::enter()
+        && count > 0
+    {
+        stats::readahead_call();
+        let pattern = d.advice.load(Ordering::Relaxed);
+        let (offset, count) = (offset as u64, count as u64);
+        d.inode
+            .will_need(fd, &d.handles, preferred_slot(), pattern, offset, count);
+    }
+    0
+}
+
+/// fsync, fdatasync and sync_file_range: writes are written through, so the kernel has every
+/// byte; these go to it unchanged. (With the library's write path they will write back first.)
+///
+/// # Safety
+/// fsync(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
+    // SAFETY: an integer argument.
+    unsafe { real::fsync(fd) }
+}
+
+/// # Safety
+/// fdatasync(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
+    // SAFETY: an integer argument.
+    unsafe { real::fdatasync(fd) }
+}
+
+/// # Safety
+/// sync_file_range(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sync_file_range(
+    fd: c_int,
+    offset: off64_t,
+    nbytes: off64_t,
+    flags: c_uint,
+) -> c_int {
+    // SAFETY: integer arguments.
+    unsafe { real::sync_file_range(fd, offset, nbytes, flags) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Opening, closing, duplicating
+
+/// After the real open returned `fd`: serve it if it is a regular file under the directories.
+fn opened(fd: c_int, flags: c_int) -> c_int {
+    if fd < 0 {
+        return fd;
+    }
+    let outer = guard::enter();
+    // The number may have been closed behind the table's back (by a libc-internal close).
+    table::remove(fd, outer.is_none());
+    let (Some(_outer), Some(runtime)) = (outer, runtime()) else {
+        return fd;
+    };
+    if flags & libc::O_PATH != 0 {
+        return fd;
+    }
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat fills the valid local buffer.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return fd;
+    }
+    // SAFETY: fstat succeeded.
+    let st = unsafe { st.assume_init() };
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return fd;
+    }
+    // Where the fd really is (relative paths, dirfds, symlinks and `..` all resolved).
+    let Ok(path) = std::fs::read_link(format!("/proc/self/fd/{fd}")) else {
+        return fd;
+    };
+    if !runtime.config.covers(&path) {
+        return fd;
+    }
+    if let Some(inode) = runtime.inode_for(fd, &st, flags) {
+        table::install(
+            fd,
+            std::sync::Arc::new(Description::new(inode, flags)),
+            false,
+        );
+    }
+    fd
+}
+
+/// # Safety
+/// open(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    // SAFETY: passed on (see the module doc for the variadic mode).
+    opened(unsafe { real::open64(path, flags, mode) }, flags)
+}
+
+/// # Safety
+/// open(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    // SAFETY: passed on.
+    opened(unsafe { real::open(path, flags, mode) }, flags)
+}
+
+/// # Safety
+/// openat(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openat64(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
+    // SAFETY: passed on.
+    opened(unsafe { real::openat64(dirfd, path, flags, mode) }, flags)
+}
+
+/// # Safety
+/// openat(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openat(
+    dirfd: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
+    // SAFETY: passed on.
+    opened(unsafe { real::openat(dirfd, path, flags, mode) }, flags)
+}
+
+/// # Safety
+/// open(2)'s contract (the fortified entry point: no mode).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: passed on; without O_CREAT the mode is not read.
+    opened(unsafe { real::open(path, flags, 0) }, flags)
+}
+
+/// # Safety
+/// open(2)'s contract (the fortified entry point: no mode).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: passed on.
+    opened(unsafe { real::open64(path, flags, 0) }, flags)
+}
+
+/// # Safety
+/// openat(2)'s contract (the fortified entry point: no mode).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __openat_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: passed on.
+    opened(unsafe { real::openat(dirfd, path, flags, 0) }, flags)
+}
+
+/// # Safety
+/// openat(2)'s contract (the fortified entry point: no mode).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __openat64_2(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
+    // SAFETY: passed on.
+    opened(unsafe { real::openat64(dirfd, path, flags, 0) }, flags)
+}
+
+/// # Safety
+/// creat(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn creat64(path: *const c_char, mode: mode_t) -> c_int {
+    let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+    // SAFETY: passed on.
+    opened(unsafe { real::creat64(path, mode) }, flags)
+}
+
+/// # Safety
+/// creat(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn creat(path: *const c_char, mode: mode_t) -> c_int {
+    let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC;
+    // SAFETY: passed on.
+    opened(unsafe { real::creat(path, mode) }, flags)
+}
+
+/// # Safety
+/// close(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    // Out of the table first: once the kernel closes it, the number can be reused.
+    if table::get(fd).is_some() {
+        let outer = guard::enter();
+        table::remove(fd, outer.is_none());
+    }
+    // SAFETY: an integer argument.
+    unsafe { real::close(fd) }
+}
+
+/// # Safety
+/// close_range(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+        let outer = guard::enter();
+        let last = last.min(table::MAX_FDS as c_uint - 1);
+        for fd in first..=last {
+            if table::get(fd as c_int).is_some() {
+                table::remove(fd as c_int, outer.is_none());
+            }
+        }
+    }
+    // SAFETY: integer arguments.
+    unsafe { real::close_range(first, last, flags) }
+}
+
+/// After a duplication made `new` from `old` (or failed, `new` < 0).
+fn duplicated(old: c_int, new: c_int) -> c_int {
+    if new < 0 {
+        return new;
+    }
+    let outer = guard::enter();
+    match table::get_arc(old) {
+        Some(d) => table::install(new, d, outer.is_none()),
+        None => {
+            table::remove(new, outer.is_none());
+        }
+    }
+    new
+}
+
+/// # Safety
+/// dup(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
+    // SAFETY: an integer argument.
+    duplicated(fd, unsafe { real::dup(fd) })
+}
+
+/// # Safety
+/// dup2(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
+    // SAFETY: integer arguments.
+    let rc = unsafe { real::dup2(fd, new) };
+    if fd == new { rc } else { duplicated(fd, rc) }
+}
+
+/// # Safety
+/// dup3(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    // SAFETY: integer arguments.
+    duplicated(fd, unsafe { real::dup3(fd, new, flags) })
+}
+
+fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, rc: c_int) -> c_int {
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => duplicated(fd, rc),
+        libc::F_SETFL if rc == 0 => {
+            if let Some(d) = table::get(fd) {
+                d.append
+                    .store(arg as c_int & libc::O_APPEND != 0, Ordering::SeqCst);
+            }
+            rc
+        }
+        _ => rc,
+    }
+}
+
+/// # Safety
+/// fcntl(2)'s contract (see the module doc for the variadic argument).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: passed on unchanged.
+    fcntl_common(fd, cmd, arg, unsafe { real::fcntl(fd, cmd, arg) })
+}
+
+/// # Safety
+/// fcntl(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    // SAFETY: passed on unchanged.
+    fcntl_common(fd, cmd, arg, unsafe { real::fcntl64(fd, cmd, arg) })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Paths around the cache: mmap, copy_file_range, sendfile
+
+/// A shared writable mapping writes behind the cache's back: the file is not cached again.
+fn mapped(fd: c_int, prot: c_int, flags: c_int) {
+    if flags & libc::MAP_SHARED != 0
+        && prot & libc::PROT_WRITE != 0
+        && let Some(d) = table::get(fd)
+    {
+        match (guard::enter(), runtime()) {
+            (Some(_outer), Some(runtime)) => runtime.set_uncached(d.inode.key),
+            _ => d.inode.mark_uncached(),
+        }
+    }
+}
+
+/// # Safety
+/// mmap(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: off64_t,
+) -> *mut c_void {
+    mapped(fd, prot, flags);
+    // SAFETY: passed on unchanged.
+    unsafe { real::mmap64(addr, len, prot, flags, fd, offset) }
+}
+
+/// # Safety
+/// mmap(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    offset: off_t,
+) -> *mut c_void {
+    // SAFETY: the same function.
+    unsafe { mmap64(addr, len, prot, flags, fd, offset) }
+}
+
+/// Kernel-side copies would bypass the cache and the table's offsets: refused for served fds,
+/// as for files on different file systems; callers fall back to read and write.
+///
+/// # Safety
+/// copy_file_range(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn copy_file_range(
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    if table::get(fd_in).is_some() || table::get(fd_out).is_some() {
+        set_errno(libc::EXDEV);
+        return -1;
+    }
+    // SAFETY: passed on unchanged.
+    unsafe { real::copy_file_range(fd_in, off_in, fd_out, off_out, len, flags) }
+}
+
+/// # Safety
+/// sendfile(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendfile64(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut off64_t,
+    count: size_t,
+) -> ssize_t {
+    if table::get(in_fd).is_some() || table::get(out_fd).is_some() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: passed on unchanged.
+    unsafe { real::sendfile64(out_fd, in_fd, offset, count) }
+}
+
+/// # Safety
+/// sendfile(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendfile(
+    out_fd: c_int,
+    in_fd: c_int,
+    offset: *mut off_t,
+    count: size_t,
+) -> ssize_t {
+    // SAFETY: the same function (off_t is 64 bits here).
+    unsafe { sendfile64(out_fd, in_fd, offset, count) }
+}
+
+/// The read hook for `stdio` cookies (a `FILE` opened by `fopen` on a served file).
+///
+/// # Safety
+/// read(2)'s contract.
+pub(crate) unsafe fn hook_read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t {
+    // SAFETY: the caller's contract.
+    unsafe { read(fd, buf, count) }
+}
+
+/// The write hook for `stdio` cookies.
+///
+/// # Safety
+/// write(2)'s contract.
+pub(crate) unsafe fn hook_write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t {
+    // SAFETY: the caller's contract.
+    unsafe { write(fd, buf, count) }
+}
+
+/// The seek hook for `stdio` cookies.
+pub(crate) fn hook_lseek(fd: c_int, offset: off64_t, whence: c_int) -> off64_t {
+    // SAFETY: integer arguments.
+    unsafe { lseek64(fd, offset, whence) }
+}
+
+/// The close hook for `stdio` cookies.
+pub(crate) fn hook_close(fd: c_int) -> c_int {
+    // SAFETY: an integer argument.
+    unsafe { close(fd) }
+}
+
+/// The open hook for `stdio`.
+///
+/// # Safety
+/// open(2)'s contract.
+pub(crate) unsafe fn hook_open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { open64(path, flags, mode) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// New programs: the kernel's offsets of served fds are brought up to date before a program
+// can inherit them. fork does it in its atfork handler; these cover the ways around it.
+
+/// vfork cannot be wrapped (the child would return through this frame on the parent's
+/// stack): a plain fork, which runs the atfork handlers, takes its place.
+///
+/// # Safety
+/// vfork(2)'s contract (which fork's satisfies: the child may do more than vfork allows).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn vfork() -> libc::pid_t {
+    // SAFETY: fork has no arguments; callers of vfork only exec or _exit in the child.
+    unsafe { libc::fork() }
+}
+
+/// # Safety
+/// execve(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execve(
+    path: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::execve(path, argv, envp) }
+}
+
+/// # Safety
+/// execv(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::execv(path, argv) }
+}
+
+/// # Safety
+/// execvp(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::execvp(file, argv) }
+}
+
+/// # Safety
+/// execvpe(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn execvpe(
+    file: *const c_char,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::execvpe(file, argv, envp) }
+}
+
+/// # Safety
+/// posix_spawn(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawn(
+    pid: *mut libc::pid_t,
+    path: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
+}
+
+/// # Safety
+/// posix_spawnp(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn posix_spawnp(
+    pid: *mut libc::pid_t,
+    file: *const c_char,
+    actions: *const libc::posix_spawn_file_actions_t,
+    attr: *const libc::posix_spawnattr_t,
+    argv: *const *mut c_char,
+    envp: *const *mut c_char,
+) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
+}
+
+/// # Safety
+/// system(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::system(command) }
+}
+
+/// # Safety
+/// popen(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
+    table::sync_kernel_offsets();
+    // SAFETY: passed on unchanged.
+    unsafe { real::popen(command, mode) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fortified entry points (`_FORTIFY_SOURCE`): a buffer smaller than the count is glibc's
+// to report (it aborts); otherwise they are read and pread.
+
+/// # Safety
+/// read(2)'s contract, with `buflen` the size of `buf`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __read_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    buflen: size_t,
+) -> ssize_t {
+    if count > buflen {
+        // SAFETY: passed on unchanged (glibc reports the overflow).
+        return unsafe { real::__read_chk(fd, buf, count, buflen) };
+    }
+    // SAFETY: the buffer holds at least `count` bytes.
+    unsafe { read(fd, buf, count) }
+}
+
+/// # Safety
+/// pread(2)'s contract, with `buflen` the size of `buf`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __pread64_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    offset: off64_t,
+    buflen: size_t,
+) -> ssize_t {
+    if count > buflen {
+        // SAFETY: passed on unchanged (glibc reports the overflow).
+        return unsafe { real::__pread64_chk(fd, buf, count, offset, buflen) };
+    }
+    // SAFETY: the buffer holds at least `count` bytes.
+    unsafe { pread64(fd, buf, count, offset) }
+}
+
+/// # Safety
+/// pread(2)'s contract, with `buflen` the size of `buf`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn __pread_chk(
+    fd: c_int,
+    buf: *mut c_void,
+    count: size_t,
+    offset: off_t,
+    buflen: size_t,
+) -> ssize_t {
+    // SAFETY: the same function.
+    unsafe { __pread64_chk(fd, buf, count, offset, buflen) }
+}

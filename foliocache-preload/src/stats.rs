@@ -1,0 +1,134 @@
+//! Counters, and the JSON written at exit when `FOLIOCACHE_STATS=PATH` is set.
+//!
+//! Each process that opened a file through the cache appends one JSON object on one line to
+//! PATH (a `%p` in PATH is replaced by the process id), so a shell and the programs it starts
+//! each leave their own line and none overwrites another's.
+
+use foliocache::File;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($name:ident),* $(,)?) => {
+        #[allow(non_upper_case_globals)]
+        mod counter {
+            use std::sync::atomic::AtomicU64;
+            $(pub(super) static $name: AtomicU64 = AtomicU64::new(0);)*
+        }
+        /// All counters, in order, with their names.
+        fn all() -> Vec<(&'static str, &'static AtomicU64)> {
+            vec![$((stringify!($name), &counter::$name)),*]
+        }
+    };
+}
+
+counters!(
+    reads,
+    bytes_from_cache,
+    passthrough_reads,
+    writes,
+    bytes_written_through,
+    invalidations,
+    files,
+    retired_device_bytes,
+    retired_device_requests,
+    retired_misses,
+    readahead_calls,
+);
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+/// A read served by the cache, of `bytes` bytes.
+pub(crate) fn read_served(bytes: usize) {
+    add(&counter::reads, 1);
+    add(&counter::bytes_from_cache, bytes as u64);
+}
+
+/// A read of an intercepted fd that went to the kernel.
+pub(crate) fn read_passed_through() {
+    add(&counter::passthrough_reads, 1);
+}
+
+/// A write of `bytes` bytes written through to the kernel.
+pub(crate) fn written_through(bytes: u64) {
+    add(&counter::writes, 1);
+    add(&counter::bytes_written_through, bytes);
+}
+
+pub(crate) fn invalidation() {
+    add(&counter::invalidations, 1);
+}
+
+/// A `readahead(2)` or `POSIX_FADV_WILLNEED` from the program (each is one forced fill in the
+/// file's counters, which is not a miss).
+pub(crate) fn readahead_call() {
+    add(&counter::readahead_calls, 1);
+}
+
+pub(crate) fn opened_file() {
+    add(&counter::files, 1);
+}
+
+/// Reads that missed and started device reads themselves, plus the program's own readahead
+/// calls (forced fills; [`json`] takes those out again).
+fn misses_of(file: &File) -> u64 {
+    let ra = file.readahead_stats();
+    ra.sync_fresh + ra.sync_context + ra.sync_random + ra.forced
+}
+
+/// A `File` leaves: its counters are kept.
+pub(crate) fn retire_file(file: &File) {
+    let io = file.io_stats();
+    add(&counter::retired_device_bytes, io.bytes);
+    add(&counter::retired_device_requests, io.requests);
+    add(&counter::retired_misses, misses_of(file));
+}
+
+/// In a child after fork: start from zero.
+pub(crate) fn reset() {
+    for (_, counter) in all() {
+        counter.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The counters as one JSON object (`live` visits the files still open).
+pub(crate) fn json(
+    live: impl FnOnce(&mut dyn FnMut(&File)),
+    evicted_pages: u64,
+    program: &str,
+) -> Option<String> {
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    if get(&counter::files) == 0 {
+        return None;
+    }
+    let (mut device_bytes, mut device_requests, mut misses) = (
+        get(&counter::retired_device_bytes),
+        get(&counter::retired_device_requests),
+        get(&counter::retired_misses),
+    );
+    live(&mut |file| {
+        let io = file.io_stats();
+        device_bytes += io.bytes;
+        device_requests += io.requests;
+        misses += misses_of(file);
+    });
+    let misses = misses.saturating_sub(get(&counter::readahead_calls));
+    let reads = get(&counter::reads);
+    let program = program.replace('\\', "\\\\").replace('"', "\\\"");
+    Some(format!(
+        "{{\"pid\":{},\"program\":\"{program}\",\"reads\":{reads},\"hits\":{},\"misses\":{misses},\
+         \"bytes_from_cache\":{},\"bytes_from_device\":{device_bytes},\"device_requests\":{device_requests},\
+         \"passthrough_reads\":{},\"readahead_calls\":{},\"files\":{},\"evicted_pages\":{evicted_pages},\"writes\":{},\
+         \"writeback_bytes\":{},\"invalidations\":{}}}\n",
+        std::process::id(),
+        reads.saturating_sub(misses),
+        get(&counter::bytes_from_cache),
+        get(&counter::passthrough_reads),
+        get(&counter::readahead_calls),
+        get(&counter::files),
+        get(&counter::writes),
+        get(&counter::bytes_written_through),
+        get(&counter::invalidations),
+    ))
+}

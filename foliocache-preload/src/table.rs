@@ -1,0 +1,241 @@
+//! The fd table: which of the program's file descriptors are served by the cache, and their
+//! shared state (the [`Description`]: file offset, flags, readers).
+//!
+//! # Protocol
+//! One slot per fd number below [`MAX_FDS`] (a static array: no allocation, no lock). A slot
+//! holds a raw `Arc<Description>` pointer and a count of *readers*: threads between loading the
+//! pointer and finishing their use of it.
+//! * [`get`] (every read, write, seek): if the slot is empty, return at once (the common case
+//!   for sockets, pipes and files outside `FOLIOCACHE_PATHS`, one load). Otherwise increment
+//!   `readers`, load the pointer, and hand out an [`FdRef`] that decrements on drop.
+//! * [`install`] and [`remove`] (open, dup, close) swap the pointer, then wait until `readers`
+//!   is 0 before dropping the old `Arc`: a reader that loaded it has finished with it. All
+//!   accesses are `SeqCst`, so a reader either counted itself before the swap (the remover
+//!   waits for it) or loads the new value.
+//!
+//! Readers never wait and take no lock, so a hook interrupted by a signal whose handler reads
+//! the same fd cannot deadlock here. A remover does wait, but only for readers of that fd; a
+//! remover that is itself nested (a signal handler closing an fd the interrupted code was
+//! reading) does not wait and leaks the old description instead of freeing it under a reader.
+//!
+//! dup'd fds share one `Description` (one file offset, as POSIX wants). The kernel fd stays
+//! real: every intercepted fd is a normal fd of the program, so `mmap`, `fstat`, `fchmod`,
+//! locks and everything not intercepted keep working on it.
+
+use crate::adapter::Inode;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// fds at or above this number are never intercepted (they pass through).
+pub(crate) const MAX_FDS: usize = 1 << 16;
+
+/// Readahead state slots per description: readers on different threads use different ones.
+pub(crate) const HANDLE_SLOTS: usize = 4;
+
+/// What an open file description is (shared by dup'd fds).
+#[derive(Debug)]
+pub(crate) struct Description {
+    pub(crate) inode: Arc<Inode>,
+    /// The file offset for read/write/lseek; pread/pwrite do not use it.
+    pub(crate) offset: AtomicU64,
+    pub(crate) append: AtomicBool,
+    /// Another process may hold this open file description (it was inherited by a fork or a
+    /// new program): the kernel's offset is then the one to use and move.
+    pub(crate) shared: AtomicBool,
+    pub(crate) readable: bool,
+    /// The access-pattern advice (`posix_fadvise`) fresh readahead states start from.
+    pub(crate) advice: AtomicI32,
+    /// Readahead states: (the inode's epoch they belong to, the handle).
+    pub(crate) handles: [Mutex<Option<(u64, foliocache::Handle)>>; HANDLE_SLOTS],
+}
+
+impl Description {
+    /// The file offset: this table's, or the kernel's once the description is shared.
+    pub(crate) fn offset(&self, fd: i32) -> Option<u64> {
+        if self.shared.load(Ordering::SeqCst) {
+            // SAFETY: lseek on an fd of this process, integer arguments.
+            let pos = unsafe { crate::real::lseek64(fd, 0, libc::SEEK_CUR) };
+            u64::try_from(pos).ok()
+        } else {
+            Some(self.offset.load(Ordering::SeqCst))
+        }
+    }
+
+    /// Moves the file offset to `pos` (in the kernel too once the description is shared).
+    pub(crate) fn set_offset(&self, fd: i32, pos: u64) {
+        self.offset.store(pos, Ordering::SeqCst);
+        if self.shared.load(Ordering::SeqCst) {
+            // SAFETY: lseek on an fd of this process, integer arguments.
+            unsafe { crate::real::lseek64(fd, pos as i64, libc::SEEK_SET) };
+        }
+    }
+
+    pub(crate) fn new(inode: Arc<Inode>, flags: i32) -> Self {
+        let access = flags & libc::O_ACCMODE;
+        Self {
+            inode,
+            offset: AtomicU64::new(0),
+            append: AtomicBool::new(flags & libc::O_APPEND != 0),
+            shared: AtomicBool::new(false),
+            readable: access == libc::O_RDONLY || access == libc::O_RDWR,
+            advice: AtomicI32::new(libc::POSIX_FADV_NORMAL),
+            handles: Default::default(),
+        }
+    }
+}
+
+struct Slot {
+    description: AtomicPtr<Description>,
+    readers: AtomicU32,
+}
+
+static TABLE: [Slot; MAX_FDS] = [const {
+    Slot {
+        description: AtomicPtr::new(std::ptr::null_mut()),
+        readers: AtomicU32::new(0),
+    }
+}; MAX_FDS];
+
+/// One past the highest fd ever installed (so scans stop early).
+static HIGH_WATER: AtomicU32 = AtomicU32::new(0);
+
+/// A description in use through an fd; the slot cannot free it until this is dropped.
+pub(crate) struct FdRef {
+    slot: &'static Slot,
+    description: *const Description,
+}
+
+impl std::ops::Deref for FdRef {
+    type Target = Description;
+    fn deref(&self) -> &Description {
+        // SAFETY: the pointer came from Arc::into_raw in `install` and was loaded while this
+        // FdRef's count was in `readers`; removers wait for `readers` to drop to 0 before
+        // dropping the Arc, so the Description is alive for the FdRef's whole life.
+        unsafe { &*self.description }
+    }
+}
+
+impl Drop for FdRef {
+    fn drop(&mut self) {
+        self.slot.readers.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn slot(fd: i32) -> Option<&'static Slot> {
+    usize::try_from(fd).ok().and_then(|fd| TABLE.get(fd))
+}
+
+/// The description of `fd` if the cache serves it.
+pub(crate) fn get(fd: i32) -> Option<FdRef> {
+    let slot = slot(fd)?;
+    if slot.description.load(Ordering::Relaxed).is_null() {
+        return None;
+    }
+    slot.readers.fetch_add(1, Ordering::SeqCst);
+    let description = slot.description.load(Ordering::SeqCst);
+    if description.is_null() {
+        slot.readers.fetch_sub(1, Ordering::SeqCst);
+        return None;
+    }
+    Some(FdRef { slot, description })
+}
+
+/// A new reference to `fd`'s description (for dup), if the cache serves it.
+pub(crate) fn get_arc(fd: i32) -> Option<Arc<Description>> {
+    let found = get(fd)?;
+    // SAFETY: the pointer is a live Arc (see FdRef::deref); incrementing its strong count
+    // while we hold a reader count, then rebuilding an Arc from it, gives an owned reference.
+    unsafe {
+        Arc::increment_strong_count(found.description);
+        Some(Arc::from_raw(found.description))
+    }
+}
+
+/// Makes `fd` served by `description` (replacing whatever it had: the kernel reused the number).
+/// An fd beyond the table cannot be served: its file becomes uncached (its writes would
+/// otherwise bypass the invalidation).
+pub(crate) fn install(fd: i32, description: Arc<Description>, nested: bool) {
+    let Some(slot) = slot(fd) else {
+        match crate::runtime() {
+            Some(runtime) if !nested => runtime.set_uncached(description.inode.key),
+            _ => description.inode.mark_uncached(),
+        }
+        return;
+    };
+    let old = slot
+        .description
+        .swap(Arc::into_raw(description).cast_mut(), Ordering::SeqCst);
+    HIGH_WATER.fetch_max(fd as u32 + 1, Ordering::Relaxed);
+    retire(slot, old, nested);
+}
+
+/// Makes `fd` pass through again (it was closed). Returns whether it was served.
+pub(crate) fn remove(fd: i32, nested: bool) -> bool {
+    let Some(slot) = slot(fd) else { return false };
+    if slot.description.load(Ordering::Relaxed).is_null() {
+        return false;
+    }
+    let old = slot
+        .description
+        .swap(std::ptr::null_mut(), Ordering::SeqCst);
+    let was = !old.is_null();
+    retire(slot, old, nested);
+    was
+}
+
+fn retire(slot: &Slot, old: *mut Description, nested: bool) {
+    if old.is_null() {
+        return;
+    }
+    if nested && slot.readers.load(Ordering::SeqCst) != 0 {
+        // A signal handler closing an fd its interrupted thread may be reading: waiting could
+        // deadlock, so the old description is leaked (never freed under a reader).
+        return;
+    }
+    let mut spins = 0u32;
+    while slot.readers.load(Ordering::SeqCst) != 0 {
+        spins += 1;
+        if spins < 100 {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    // SAFETY: `old` came from Arc::into_raw in `install`, the slot no longer holds it, and no
+    // reader holds it any more (readers was 0 after the swap): this is its last use here.
+    drop(unsafe { Arc::from_raw(old) });
+}
+
+/// Calls `each(fd, description)` for every served fd (fork handlers, stats).
+pub(crate) fn for_each(mut each: impl FnMut(i32, &Description)) {
+    let high = HIGH_WATER.load(Ordering::Relaxed) as i32;
+    for fd in 0..high {
+        if let Some(found) = get(fd) {
+            each(fd, &found);
+        }
+    }
+}
+
+/// Writes every served fd's offset to its kernel fd (before a fork or an exec: a new program
+/// inherits the kernel's offsets), and from then on uses the kernel's offset for it.
+pub(crate) fn sync_kernel_offsets() {
+    for_each(|fd, description| {
+        if description.shared.swap(true, Ordering::SeqCst) {
+            return; // the kernel's offset is already the one in use
+        }
+        let offset = description.offset.load(Ordering::SeqCst);
+        // SAFETY: lseek on an fd of this process, with plain integer arguments.
+        unsafe { crate::real::lseek64(fd, offset as i64, libc::SEEK_SET) };
+    });
+}
+
+/// In a child after fork: forget every entry without freeing it (its cache belongs to the
+/// parent's threads, which do not exist here), so every inherited fd passes through.
+pub(crate) fn forget_all() {
+    let high = HIGH_WATER.load(Ordering::Relaxed) as usize;
+    for slot in TABLE.iter().take(high) {
+        slot.description
+            .store(std::ptr::null_mut(), Ordering::SeqCst);
+        slot.readers.store(0, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,402 @@
+//! Real programs on the preload library: each runs with and without it on the same data, and
+//! the outputs must be identical. `FOLIOCACHE_STATS` proves the cache was really used (a test
+//! cannot pass with the library silently inactive).
+//!
+//! The programs come from Debian packages (`.ci/run` installs them). A missing one fails its
+//! test, unless `FOLIOCACHE_ALLOW_SKIP=1` (then the test says it skipped).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// The preload library, built once (release) into this checkout's target directory.
+fn preload_lib() -> &'static Path {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable");
+        // target/<profile>/deps/<test> → target
+        let target = exe
+            .ancestors()
+            .nth(3)
+            .expect("target directory")
+            .to_path_buf();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "--release",
+                "-p",
+                "foliocache-preload",
+                "--target-dir",
+            ])
+            .arg(&target)
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "cargo build -p foliocache-preload failed");
+        let lib = target.join("release/libfoliocache_preload.so");
+        assert!(lib.is_file(), "{} missing", lib.display());
+        lib
+    })
+}
+
+/// A fresh directory on the checkout's file system (real direct I/O; the system temporary
+/// directory may be tmpfs).
+fn work_dir(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe
+        .ancestors()
+        .nth(3)
+        .unwrap()
+        .join("preload-tests")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::canonicalize(dir).unwrap()
+}
+
+/// Whether `program` runs; if not, the test fails (or skips with FOLIOCACHE_ALLOW_SKIP=1).
+fn have(program: &str) -> bool {
+    let found = Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok();
+    if !found {
+        if std::env::var("FOLIOCACHE_ALLOW_SKIP").as_deref() == Ok("1") {
+            eprintln!("SKIPPED: {program} is not installed (FOLIOCACHE_ALLOW_SKIP=1)");
+        } else {
+            panic!(
+                "{program} is not installed: `apt-get install` it (see .ci/run), or set \
+                 FOLIOCACHE_ALLOW_SKIP=1 to skip"
+            );
+        }
+    }
+    found
+}
+
+/// The counters every process that used the cache appended to `path`, summed.
+#[derive(Debug, Default)]
+struct Stats {
+    processes: u64,
+    files: u64,
+    reads: u64,
+    hits: u64,
+    bytes_from_cache: u64,
+    writes: u64,
+}
+
+fn stats(path: &Path) -> Stats {
+    let mut sum = Stats::default();
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    for line in text.lines() {
+        let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        let get = |key: &str| {
+            value[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{key} in {line}"))
+        };
+        sum.processes += 1;
+        sum.files += get("files");
+        sum.reads += get("reads");
+        sum.hits += get("hits");
+        sum.bytes_from_cache += get("bytes_from_cache");
+        sum.writes += get("writes");
+    }
+    sum
+}
+
+/// Runs `program args` in `dir`, with the library serving `dir` when `cached` (counters to
+/// `stats`).
+fn run(dir: &Path, cached: Option<&Path>, program: &str, args: &[&str]) -> Output {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(dir);
+    if let Some(stats) = cached {
+        command
+            .env("LD_PRELOAD", preload_lib())
+            .env("FOLIOCACHE_PATHS", dir)
+            .env("FOLIOCACHE_STATS", stats);
+    }
+    let out = command.output().expect("run program");
+    assert!(
+        out.status.success(),
+        "{program} {args:?} (cached: {}) failed: {}",
+        cached.is_some(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn write_pattern(path: &Path, size: usize, seed: u64) {
+    let mut x = seed | 1;
+    let data: Vec<u8> = (0..size)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(path, data).unwrap();
+}
+
+#[test]
+fn sha256sum_and_cat_match_without_the_library() {
+    if !have("sha256sum") || !have("cat") {
+        return;
+    }
+    let dir = work_dir("coreutils");
+    let sizes = [0usize, 1, 100, 4096, 8192, 5 * (1 << 20) + 321];
+    let names: Vec<String> = sizes.iter().map(|size| format!("f{size}")).collect();
+    for (size, name) in sizes.iter().zip(&names) {
+        write_pattern(&dir.join(name), *size, *size as u64 + 7);
+    }
+    let args: Vec<&str> = names.iter().map(String::as_str).collect();
+    let stats_path = dir.join("stats.jsonl");
+    for program in ["sha256sum", "cat"] {
+        let plain = run(&dir, None, program, &args);
+        let cached = run(&dir, Some(&stats_path), program, &args);
+        assert!(
+            plain.stdout == cached.stdout,
+            "{program}: output differs with the library"
+        );
+        assert!(!plain.stdout.is_empty() || program == "cat");
+    }
+    let stats = stats(&stats_path);
+    assert_eq!(stats.processes, 2, "{stats:?}");
+    assert!(stats.files >= 10, "{stats:?}");
+    assert!(stats.hits > 0, "the cache served no read: {stats:?}");
+    // cat and sha256sum each read every byte through the cache.
+    let total: u64 = sizes.iter().map(|s| *s as u64).sum();
+    assert_eq!(stats.bytes_from_cache, 2 * total, "{stats:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Python: buffered reads with seeks, os.pread, dup'd fds sharing an offset, writes read back,
+/// threads reading one fd at once, and a child program inheriting an fd mid-file.
+const PYTHON: &str = r#"
+import os, sys, hashlib, threading, subprocess
+p = sys.argv[1]
+out = []
+with open(p, 'rb') as f:
+    out.append(hashlib.sha256(f.read()).hexdigest())
+    f.seek(12345); out.append(f.read(100).hex())
+    f.seek(-777, 2); out.append(f.read().hex()); out.append(str(f.tell()))
+fd = os.open(p, os.O_RDONLY)
+size = os.fstat(fd).st_size
+for off in (0, 4095, 4096, 1000000, size - 10, size + 5):
+    out.append(os.pread(fd, 300, off).hex())
+os.lseek(fd, 100, 0); out.append(os.read(fd, 50).hex())
+fd2 = os.dup(fd); out.append(os.read(fd2, 50).hex()); out.append(str(os.lseek(fd, 0, 1)))
+os.close(fd2)
+# Threads reading at once through one fd.
+expect = open(p, 'rb').read()
+bad = []
+def reader(seed):
+    x = seed
+    for _ in range(2000):
+        x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 64)
+        off = x % size; n = 1 + (x >> 40) % 9000
+        if os.pread(fd, n, off) != expect[off:off + n]: bad.append(off)
+ts = [threading.Thread(target=reader, args=(s,)) for s in (1, 2, 3, 4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+out.append('threads ok' if not bad else 'threads BAD %r' % bad[:3])
+# A child program continues where this process left off.
+os.lseek(fd, 1000, 0); os.read(fd, 100)
+r = subprocess.run(['sh', '-c', 'head -c 50 <&3 | od -An -tx1 | tr -d " \\n"'], pass_fds=[fd], stdout=subprocess.PIPE)
+out.append('child ' + r.stdout.decode()); out.append(str(os.lseek(fd, 0, 1)))
+os.close(fd)
+# Writes read back: in place, past the end, truncation.
+w = p + '.w'
+with open(w, 'wb') as f: f.write(bytes(range(256)) * 40)
+with open(w, 'r+b') as f:
+    f.read(100); f.seek(5000); f.write(b'hello'); f.seek(4998); out.append(f.read(10).hex())
+    f.seek(0, 2); f.write(b'tail'); f.seek(-6, 2); out.append(f.read().hex())
+    f.truncate(3000); f.seek(0); out.append(hashlib.sha256(f.read()).hexdigest())
+fd = os.open(w, os.O_RDWR)
+os.pread(fd, 4096, 0); os.pwrite(fd, b'XYZ', 10); out.append(os.pread(fd, 16, 5).hex())
+out.append(str(os.fstat(fd).st_size)); os.close(fd)
+os.unlink(w)
+print('\n'.join(out))
+"#;
+
+#[test]
+fn python_seeks_pread_threads_and_writes_match() {
+    if !have("python3") || !have("sh") {
+        return;
+    }
+    let dir = work_dir("python");
+    write_pattern(&dir.join("data"), 3 * (1 << 20) + 4321, 99);
+    std::fs::write(dir.join("script.py"), PYTHON).unwrap();
+    let stats_path = dir.join("stats.jsonl");
+    let plain = run(&dir, None, "python3", &["script.py", "data"]);
+    let cached = run(&dir, Some(&stats_path), "python3", &["script.py", "data"]);
+    let text = String::from_utf8_lossy(&cached.stdout);
+    assert!(text.contains("threads ok"), "{text}");
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        text,
+        "python's output differs with the library"
+    );
+    let stats = stats(&stats_path);
+    assert!(stats.hits > 0, "the cache served no read: {stats:?}");
+    assert!(stats.writes > 0, "{stats:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const SQL_FILL: &str = "
+PRAGMA cache_size = 200;
+CREATE TABLE t(id INTEGER PRIMARY KEY, k INTEGER, v TEXT);
+WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000)
+  INSERT INTO t(k, v) SELECT (x * 7919) % 100003, printf('%08d-%s', x, substr('abcdefghijklmnopqrstuvwxyz', 1 + x % 26)) FROM c;
+CREATE INDEX tk ON t(k);
+UPDATE t SET v = v || '!' WHERE id % 97 = 0;
+DELETE FROM t WHERE id % 1000 = 1;
+SELECT count(*), sum(k), min(v), max(v) FROM t;
+SELECT id, k, v FROM t WHERE k BETWEEN 500 AND 530 ORDER BY k;
+PRAGMA integrity_check;
+";
+
+const SQL_QUERY: &str = "
+PRAGMA cache_size = 50;
+SELECT count(*), sum(length(v)) FROM t WHERE k > 5000;
+SELECT k, count(*) FROM t GROUP BY k % 17 ORDER BY 1 LIMIT 5;
+SELECT v FROM t WHERE id IN (5, 500, 50000, 99999);
+PRAGMA integrity_check;
+";
+
+#[test]
+fn sqlite_fills_indexes_queries_and_checks_the_same() {
+    if !have("sqlite3") {
+        return;
+    }
+    let dir = work_dir("sqlite");
+    let (plain_dir, cached_dir) = (dir.join("plain"), dir.join("cached"));
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    std::fs::create_dir_all(&cached_dir).unwrap();
+    let stats_path = dir.join("stats.jsonl");
+    for sql in [SQL_FILL, SQL_QUERY] {
+        let plain = run(&plain_dir, None, "sqlite3", &["db.sqlite", sql]);
+        let cached = run(
+            &cached_dir,
+            Some(&stats_path),
+            "sqlite3",
+            &["db.sqlite", sql],
+        );
+        let text = String::from_utf8_lossy(&cached.stdout);
+        assert!(text.trim_end().ends_with("ok"), "integrity_check: {text}");
+        assert_eq!(
+            String::from_utf8_lossy(&plain.stdout),
+            text,
+            "sqlite's output differs with the library"
+        );
+    }
+    // The databases themselves are the same bytes.
+    let a = std::fs::read(plain_dir.join("db.sqlite")).unwrap();
+    let b = std::fs::read(cached_dir.join("db.sqlite")).unwrap();
+    assert!(a == b, "the database files differ");
+    let stats = stats(&stats_path);
+    assert!(stats.hits > 0, "the cache served no read: {stats:?}");
+    assert!(stats.writes > 0, "{stats:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fio_writes_then_verifies_crc32c() {
+    if !have("fio") {
+        return;
+    }
+    let dir = work_dir("fio");
+    let stats_path = dir.join("stats.jsonl");
+    let dir_arg = format!("--directory={}", dir.display());
+    let common = [
+        "--name=verify",
+        "--thread", // jobs as threads: the counters land in one process
+        "--ioengine=psync",
+        "--size=24m",
+        "--verify=crc32c",
+        "--verify_fatal=1",
+        "--randrepeat=1",
+        dir_arg.as_str(),
+    ];
+    for rw in ["--rw=write", "--rw=randwrite"] {
+        let mut args = common.to_vec();
+        args.extend([rw, "--bs=4k", "--do_verify=1"]);
+        let out = run(&dir, Some(&stats_path), "fio", &args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("err= 0"), "{text}");
+        // Verify again in another process: reads only, 16 KiB blocks.
+        let mut args = common.to_vec();
+        args.extend([rw, "--bs=4k", "--verify_only=1"]);
+        let out = run(&dir, Some(&stats_path), "fio", &args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("err= 0"), "{text}");
+    }
+    let stats = stats(&stats_path);
+    assert!(stats.reads > 0 && stats.writes > 0, "{stats:?}");
+    assert!(stats.hits > 0, "the cache served no read hit: {stats:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_bad_setting_prints_one_line_and_runs_uncached() {
+    if !have("sha256sum") {
+        return;
+    }
+    let dir = work_dir("bad-setting");
+    write_pattern(&dir.join("data"), 100_000, 5);
+    let stats_path = dir.join("stats.jsonl");
+    let plain = run(&dir, None, "sha256sum", &["data"]);
+    for (key, value) in [
+        ("FOLIOCACHE_CAPACITY_MB", "lots"),
+        ("FOLIOCACHE_RA_KB", "-3"),
+    ] {
+        let out = Command::new("sha256sum")
+            .arg("data")
+            .current_dir(&dir)
+            .env("LD_PRELOAD", preload_lib())
+            .env("FOLIOCACHE_PATHS", &dir)
+            .env("FOLIOCACHE_STATS", &stats_path)
+            .env(key, value)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert_eq!(out.stdout, plain.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains(key) && stderr.contains("uncached"),
+            "{stderr}"
+        );
+    }
+    assert!(!stats_path.exists(), "an uncached run wrote counters");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn files_without_direct_io_pass_through() {
+    if !have("sha256sum") {
+        return;
+    }
+    // tmpfs keeps every file in the kernel's cache: the library leaves it alone.
+    let shm = Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("SKIPPED: no /dev/shm");
+        return;
+    }
+    let dir = shm.join(format!("foliocache-preload-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    write_pattern(&dir.join("data"), 200_000, 11);
+    let stats_path = work_dir("tmpfs").join("stats.jsonl");
+    let plain = run(&dir, None, "sha256sum", &["data"]);
+    let cached = run(&dir, Some(&stats_path), "sha256sum", &["data"]);
+    assert_eq!(plain.stdout, cached.stdout);
+    assert!(
+        cached.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&cached.stderr)
+    );
+    assert_eq!(stats(&stats_path).files, 0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
