@@ -143,6 +143,8 @@ fn range_json(range: &CachedRange) -> serde_json::Value {
         "largest_order": range.largest_order,
         "state": match range.state {
             PageState::Uptodate => "uptodate",
+            PageState::Dirty => "dirty",
+            PageState::Writeback => "writeback",
             PageState::Reading => "reading",
             PageState::Failed => "failed",
         },
@@ -161,6 +163,8 @@ fn describe(ranges: &[CachedRange], file: &File) -> String {
         .map(|r| {
             let state = match r.state {
                 PageState::Uptodate => "",
+                PageState::Dirty => " (DIRTY)",
+                PageState::Writeback => " (WRITEBACK)",
                 PageState::Reading => " (reading)",
                 PageState::Failed => " (FAILED)",
             };

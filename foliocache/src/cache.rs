@@ -1,9 +1,10 @@
 //! The cache: the public front. It builds the shared core (`crate::core`) and opens files.
 
 use crate::core::CacheCore;
+use crate::dirty::{Dirty, DirtySettings, DirtyStats};
 use crate::error::Error;
 use crate::file::File;
-use crate::inode::{FileTable, Inode};
+use crate::inode::{FileTable, Inode, Opened};
 use crate::io::{Backend, DirectFile, EngineKind, OpenOptions};
 use crate::mapping::Mapping;
 use crate::mem::{MAX_ORDER, METADATA_BYTES_PER_PAGE, Memory, PAGE_SHIFT, PAGE_SIZE};
@@ -28,6 +29,7 @@ pub struct CacheBuilder {
     ra_bytes: u64,
     io_bytes: u64,
     request_bytes: usize,
+    dirty: DirtySettings,
 }
 
 impl Default for CacheBuilder {
@@ -43,6 +45,7 @@ impl Default for CacheBuilder {
             ra_bytes: DEFAULT_RA_PAGES << PAGE_SHIFT,
             io_bytes: DEFAULT_IO_BYTES,
             request_bytes: crate::io::DEFAULT_REQUEST_BYTES,
+            dirty: DirtySettings::default(),
         }
     }
 }
@@ -137,6 +140,37 @@ impl CacheBuilder {
         self
     }
 
+    /// The share of the arena dirty data may reach before background writeback starts
+    /// (default 0.10, the kernel's `dirty_background_ratio`). In `(0, 1]`; at or above
+    /// [`dirty_ratio`](Self::dirty_ratio) it is taken as half of it, as the kernel does.
+    pub fn dirty_background_ratio(mut self, ratio: f64) -> Self {
+        self.dirty.background_ratio = ratio;
+        self
+    }
+
+    /// The share of the arena dirty and written-back data may reach before writers are
+    /// throttled to the speed of writeback (default 0.20, the kernel's `dirty_ratio`): past
+    /// halfway between the background ratio and this one writers pause, at it they wait. In
+    /// `(0, 1]`.
+    pub fn dirty_ratio(mut self, ratio: f64) -> Self {
+        self.dirty.ratio = ratio;
+        self
+    }
+
+    /// How long data may stay dirty before the flusher writes it out (default 30 s, the
+    /// kernel's `dirty_expire_centisecs`; per file, from when it became dirty).
+    pub fn dirty_expire(mut self, after: std::time::Duration) -> Self {
+        self.dirty.expire = after;
+        self
+    }
+
+    /// How often the flusher wakes to look for expired and excess dirty data (default 5 s,
+    /// the kernel's `dirty_writeback_centisecs`). At least 1 ms.
+    pub fn writeback_interval(mut self, every: std::time::Duration) -> Self {
+        self.dirty.interval = every;
+        self
+    }
+
     /// Builds the cache. Errors: a capacity that is zero, not a page multiple or above 16 TiB;
     /// a max order above 9; the arena mapping failing.
     pub fn build(self) -> Result<Cache, Error> {
@@ -161,6 +195,21 @@ impl CacheBuilder {
             }
         };
         self.policy.validate()?;
+        for (name, ratio) in [
+            ("dirty_background_ratio", self.dirty.background_ratio),
+            ("dirty_ratio", self.dirty.ratio),
+        ] {
+            if !(ratio > 0.0 && ratio <= 1.0) {
+                return Err(Error::InvalidRatio { name, ratio });
+            }
+        }
+        if self.dirty.interval < std::time::Duration::from_millis(1) {
+            return Err(Error::InvalidSetting {
+                name: "writeback_interval (ms)",
+                value: self.dirty.interval.as_millis() as u64,
+                max: u64::MAX,
+            });
+        }
         let setting = |name: &'static str, value: u64, max: u64| {
             if value > max {
                 Err(Error::InvalidSetting { name, value, max })
@@ -198,6 +247,7 @@ impl CacheBuilder {
                 policy: self.policy,
                 capacity,
                 reclaim: Reclaim::new(self.policy.reclaim, pages as u64),
+                dirty: Dirty::new(self.dirty, pages as u64),
                 engine_kind: self.io_engine,
                 engine: OnceLock::new(),
                 ra_pages: self.ra_bytes >> PAGE_SHIFT,
@@ -249,6 +299,8 @@ pub struct Stats {
     /// Times the allocator's shared free lists were locked (order-0 traffic mostly stays in
     /// per-thread caches and takes it once per batch).
     pub zone_lock_acquisitions: u64,
+    /// Dirty memory: pages dirty and under writeback, the thresholds, pages written back.
+    pub dirty: DirtyStats,
 }
 
 impl Stats {
@@ -293,6 +345,7 @@ impl Cache {
         Mapping::new(
             Arc::clone(&self.inner.mem),
             Arc::clone(self.inner.reclaim.shadow_count()),
+            Arc::clone(&self.inner.dirty.pages),
             NEXT_MAPPING_ID.fetch_add(1, Ordering::Relaxed),
         )
     }
@@ -308,11 +361,8 @@ impl Cache {
                 max,
             });
         }
-        Ok(File::from_inode(Inode::new_memory(
-            &self.inner,
-            self.new_mapping(),
-            max_order,
-        )))
+        let inode = Inode::new_memory(&self.inner, self.new_mapping(), max_order);
+        Ok(File::from_opened(Arc::new(Opened { inode })))
     }
 
     /// Opens a file from storage for reading through this cache, with O_DIRECT (see
@@ -337,27 +387,47 @@ impl Cache {
         if let Some(insert) = options.insert {
             policy.insert = insert;
         }
+        if options.create {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|source| Error::Open {
+                    path: path.to_owned(),
+                    source,
+                })?;
+        }
         let engine = self.inner.engine()?;
         let open = |table| -> Result<Arc<Inode>, Error> {
-            let backend = DirectFile::open(path, options, Arc::clone(&engine))?;
+            let direct = Arc::new(DirectFile::open(path, options, Arc::clone(&engine))?);
             Inode::new_disk(
                 &self.inner,
                 self.new_mapping(),
                 max_order,
                 policy,
-                Arc::new(backend),
+                Arc::clone(&direct) as Arc<dyn Backend>,
+                Some(direct),
                 table,
             )
         };
         if !options.shared {
-            return open(None).map(File::from_inode);
+            if options.write {
+                return Err(Error::OpenConflict {
+                    path: path.to_owned(),
+                    reason: "a file opened apart (shared(false)) is read only".to_owned(),
+                });
+            }
+            let inode = open(None)?;
+            return Ok(File::from_opened(Arc::new(Opened { inode })));
         }
         let meta = std::fs::metadata(path).map_err(|source| Error::Open {
             path: path.to_owned(),
             source,
         })?;
         let key = (meta.dev(), meta.ino());
-        let (inode, created) = self.files.get_or_open(key, open)?;
+        let (opened, created) = self.files.get_or_open(key, open)?;
+        let inode = &opened.inode;
         if !created {
             if inode.max_order != max_order || inode.policy.insert != policy.insert {
                 return Err(Error::OpenConflict {
@@ -372,7 +442,18 @@ impl Cache {
                 inode.revalidate()?;
             }
         }
-        Ok(File::from_inode(inode))
+        if options.write {
+            let direct = inode
+                .disk()
+                .and_then(|disk| disk.direct.as_ref())
+                .ok_or(Error::ReadOnly)?;
+            direct.enable_writes()?;
+        }
+        let file = File::from_opened(opened);
+        if options.truncate {
+            file.set_len(0)?;
+        }
+        Ok(file)
     }
 
     /// Opens a file whose bytes come from `backend` (a custom source: a test double, a remote
@@ -389,15 +470,16 @@ impl Cache {
                 offset: backend.size(),
             });
         }
-        Inode::new_disk(
+        let inode = Inode::new_disk(
             &self.inner,
             self.new_mapping(),
             max_order,
             self.inner.policy,
             backend,
             None,
-        )
-        .map(File::from_inode)
+            None,
+        )?;
+        Ok(File::from_opened(Arc::new(Opened { inode })))
     }
 
     fn checked_order(&self, order: Option<u8>) -> Result<u8, Error> {
@@ -447,6 +529,7 @@ impl Cache {
             index_reserve_pages: mem.index_reserve_pages() as u64,
             max_order: mem.max_order,
             zone_lock_acquisitions: mem.zone_lock_count(),
+            dirty: self.inner.dirty.stats(),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! `cache` → `file` → `read`/`readahead`/`fault` → `inode` → `core` → `reclaim`/`io`/`mapping`
 //! → `mem`/`index`.
 
+use crate::dirty::Dirty;
 use crate::error::Error;
 use crate::io::{Engine, EngineKind};
 use crate::mem::{Memory, NewFolio};
@@ -21,6 +22,8 @@ pub(crate) struct CacheCore {
     /// The memory budget in bytes (see `CacheBuilder::capacity`).
     pub(crate) capacity: u64,
     pub(crate) reclaim: Reclaim,
+    /// Dirty memory: its counts, the flusher, the throttling of writers.
+    pub(crate) dirty: Dirty,
     pub(crate) engine_kind: EngineKind,
     /// Started on the first file opened from storage.
     pub(crate) engine: OnceLock<Arc<Engine>>,
@@ -49,8 +52,8 @@ impl CacheCore {
         Ok(Arc::clone(self.engine.get_or_init(|| started)))
     }
 
-    /// Allocates a folio for readahead or a read, evicting idle folios read from storage when
-    /// the arena is dry.
+    /// Allocates a folio for readahead, a read or a write, evicting idle folios read from
+    /// storage when the arena is dry (and waking the flusher when what is left is dirty).
     pub(crate) fn alloc_for_readahead(&self, order: u8) -> Result<NewFolio<'_>, Error> {
         match self.mem.alloc_folio(order) {
             Err(Error::NoMemory { .. }) => {
@@ -60,10 +63,20 @@ impl CacheCore {
                     // (the allocator waits for it briefly).
                     self.mem.alloc_folio(order)
                 } else {
+                    // Reclaim found nothing clean to drop: dirty data must be written first
+                    // (`wakeup_flusher_threads(WB_REASON_VMSCAN)`).
+                    if self.dirty.stats().dirty_pages > 0 {
+                        self.dirty.kick();
+                    }
                     Err(Error::NoMemory { order })
                 }
             }
             other => other,
         }
+    }
+
+    /// Writeback of `pages` pages completed.
+    pub(crate) fn writeback_done(&self, pages: u64) {
+        self.dirty.written(pages);
     }
 }

@@ -12,6 +12,14 @@ pub enum Error {
          at most 16 TiB; got {0} bytes"
     )]
     InvalidCapacity(u64),
+    /// A ratio outside `(0, 1]`.
+    #[error("{name} = {ratio} is not in (0, 1]")]
+    InvalidRatio {
+        /// The setting.
+        name: &'static str,
+        /// The value given.
+        ratio: f64,
+    },
     /// A setting above its largest allowed value.
     #[error("{name} = {value} is above its largest allowed value, {max}")]
     InvalidSetting {
@@ -86,6 +94,12 @@ pub enum Error {
     /// The folio expected at this page index is not cached there (any more).
     #[error("no such folio cached at page index {index}")]
     NotCached {
+        /// The page index.
+        index: u64,
+    },
+    /// The folio is being written back; its bytes cannot be replaced until that ends.
+    #[error("the folio at page index {index} is under writeback")]
+    FolioWriteback {
         /// The page index.
         index: u64,
     },
@@ -170,6 +184,14 @@ pub enum Error {
         offset: u64,
         /// Its length.
         len: u64,
+        /// The system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing dirty data back to storage failed (reported once to each handle, see
+    /// [`Handle::sync_all`](crate::Handle::sync_all)).
+    #[error("writeback failed: {source}")]
+    Writeback {
         /// The system's error.
         #[source]
         source: io::Error,

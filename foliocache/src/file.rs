@@ -7,7 +7,7 @@
 
 use crate::error::Error;
 use crate::inode::Inode;
-use crate::inode::Revalidated;
+use crate::inode::{Opened, Revalidated};
 use crate::io::IoStats;
 use crate::mapping::{Mapping, MappingStats, RemoveError};
 use crate::mem::{PAGE_SHIFT, PAGE_SIZE};
@@ -18,16 +18,24 @@ use crate::stats::RaStats;
 use std::sync::Arc;
 
 /// A file in the cache, shared by all its users. Cloning it is cheap (a reference count).
+/// When the last clone (and the last [`Handle`] of it) is dropped, the file's dirty data is
+/// written back.
 #[derive(Debug, Clone)]
 pub struct File {
     pub(crate) inner: Arc<Inode>,
+    /// Shared by every clone: the last one to go writes the file back (see `Opened`).
+    _opened: Arc<Opened>,
 }
 
 /// The state of the folios of a [`CachedRange`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageState {
-    /// Read and valid.
+    /// Valid, and what storage has.
     Uptodate,
+    /// Valid, newer than storage: written, not yet written back.
+    Dirty,
+    /// Being written back.
+    Writeback,
     /// A read is in flight.
     Reading,
     /// The last read failed (a later read retries).
@@ -94,11 +102,17 @@ pub struct Handle {
     pub(crate) ra: RaState,
     /// This reader's read-side policies (the cache's unless changed).
     policy: Policy,
+    /// Where this handle is in the file's writeback error sequence (errseq): the errors it
+    /// has not been told of are the ones recorded since.
+    wb_since: u32,
 }
 
 impl File {
-    pub(crate) fn from_inode(inner: Arc<Inode>) -> Self {
-        Self { inner }
+    pub(crate) fn from_opened(opened: Arc<Opened>) -> Self {
+        Self {
+            inner: Arc::clone(&opened.inode),
+            _opened: opened,
+        }
     }
 
     /// A new reader of this file.
@@ -107,6 +121,7 @@ impl File {
             file: self.clone(),
             ra: RaState::new(self.inner.core.ra_pages),
             policy: self.inner.policy,
+            wb_since: self.inner.disk().map_or(0, |disk| disk.wb.errors.sample()),
         }
     }
 
@@ -148,7 +163,11 @@ impl File {
     pub fn cached_ranges(&self) -> Vec<CachedRange> {
         let mut out: Vec<CachedRange> = Vec::new();
         self.inner.mapping.for_each_cached(0, u64::MAX, |folio| {
-            let state = if folio.is_uptodate() {
+            let state = if folio.is_writeback() {
+                PageState::Writeback
+            } else if folio.is_dirty() {
+                PageState::Dirty
+            } else if folio.is_uptodate() {
                 PageState::Uptodate
             } else if folio.test(crate::mem::flag::LOCKED) {
                 PageState::Reading
@@ -183,8 +202,9 @@ impl File {
 
     /// Drops the idle folios of `offset..offset + len` (0: to end of file) from the cache, as
     /// `POSIX_FADV_DONTNEED` does: pages only partly inside the range stay (as the kernel
-    /// rounds), and so do folios in use: locked (a read in flight) or referenced by a reader
-    /// (reported as busy). A memory file's folios are its data and stay.
+    /// rounds), and so do folios in use: locked (a read in flight), referenced by a reader, or
+    /// dirty or under writeback (reported as busy; writeback of dirty data is started, so a
+    /// later call can drop it). A memory file's folios are its data and stay.
     pub fn drop_cached(&self, offset: u64, len: u64) -> DropReport {
         let mut report = DropReport::default();
         if self.inner.disk().is_none() {
@@ -218,10 +238,16 @@ impl File {
             }
             match mapping.remove_folio(folio, None) {
                 Ok(()) => report.dropped_pages += pages,
-                Err(RemoveError::Busy(_)) => report.busy_pages += pages,
+                Err(RemoveError::Busy(_) | RemoveError::Dirty(_)) => report.busy_pages += pages,
                 Err(_) => {} // left the file meanwhile
             }
         });
+        if self.inner.mapping.dirty_pages() > 0 {
+            // As the kernel's `POSIX_FADV_DONTNEED`: start writing the dirty data, so that a
+            // later drop finds it clean.
+            let me: Arc<dyn crate::dirty::Flushable> = Arc::clone(&self.inner) as _;
+            self.inner.core.dirty.flush_soon(Arc::downgrade(&me));
+        }
         report
     }
 
@@ -265,34 +291,99 @@ impl File {
         self.handle().read_at(buf, pos)
     }
 
-    /// Writes all of `data` at `pos`, extending the file if it ends past end of file. For a
-    /// memory file this is all or nothing: without memory for it, [`Error::NoSpace`] and the
-    /// file is unchanged.
+    /// Writes all of `data` at `pos`, extending the file if it ends past end of file.
+    ///
+    /// A memory file's write is all or nothing: without memory for it, [`Error::NoSpace`] and
+    /// the file is unchanged. A file from storage (opened with
+    /// [`OpenOptions::write`](crate::OpenOptions::write)) takes the write into the cache as
+    /// dirty folios, written to storage later (the flusher, [`Handle::sync_all`], or when the
+    /// last holder of the file lets go); a reader sees each folio the write touches either
+    /// wholly before or wholly after it, never torn. Writers are throttled when dirty memory
+    /// is high (see [`CacheBuilder::dirty_ratio`](crate::CacheBuilder::dirty_ratio)). An error
+    /// after part of the data went in ([`Error::Io`] reading a partly written page) gives the
+    /// first byte not written as its offset.
     pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize, Error> {
         self.inner.writable()?;
+        if self.inner.disk().is_some() {
+            return self.inner.disk_write_at(data, pos);
+        }
         self.inner.mem_write_at(data, pos)
     }
 
-    /// Sets the file size. Shrinking drops the folios that lie wholly past the new end;
-    /// growing adds a hole (nothing allocated, reads as zeros).
+    /// Sets the file size. Shrinking drops the folios that lie wholly past the new end (dirty
+    /// ones with their data) and zeroes the rest of the one holding it; growing adds a hole
+    /// (nothing allocated, reads as zeros). For a file from storage the size on storage is
+    /// set at once (`ftruncate`).
     pub fn set_len(&self, len: u64) -> Result<(), Error> {
         self.inner.writable()?;
+        if self.inner.disk().is_some() {
+            return self.inner.disk_set_len(len);
+        }
         self.inner.mem_set_len(len)
     }
 
-    /// Allocates folios for every hole in `offset..offset + len` (not uptodate: they read as
-    /// zeros) and extends the file to `offset + len` if it is shorter (like `fallocate(2)`
-    /// without `FALLOC_FL_KEEP_SIZE`). All or nothing.
+    /// Allocates `offset..offset + len` and extends the file to `offset + len` if it is
+    /// shorter (like `fallocate(2)` without flags). A memory file gets folios for its holes
+    /// (not uptodate: they read as zeros), all or nothing; a file from storage gets the blocks
+    /// allocated on storage (file systems without `fallocate` give an [`Error::Io`]).
     pub fn fallocate(&self, offset: u64, len: u64) -> Result<(), Error> {
         self.inner.writable()?;
+        if self.inner.disk().is_some() {
+            return self.inner.disk_fallocate(offset, len);
+        }
         self.inner.mem_fallocate(offset, len)
     }
 
     /// Makes `offset..offset + len` read as zeros and frees the folios wholly inside it; folios
     /// partly inside are replaced by copies with that part zeroed. The size does not change.
+    /// A file from storage has the blocks deallocated on storage too (`FALLOC_FL_PUNCH_HOLE`;
+    /// file systems without it give an [`Error::Io`]).
     pub fn punch_hole(&self, offset: u64, len: u64) -> Result<(), Error> {
         self.inner.writable()?;
+        if self.inner.disk().is_some() {
+            return self.inner.disk_punch_hole(offset, len);
+        }
         self.inner.mem_punch_hole(offset, len)
+    }
+
+    /// Writes back the file's dirty data and waits for it, then has the file system make it
+    /// durable (`fsync`), as a fresh handle's [`Handle::sync_all`] does: an error is one
+    /// recorded since this call, or one nobody has seen yet.
+    pub fn sync_all(&self) -> Result<(), Error> {
+        self.handle().sync_all()
+    }
+
+    /// Whether the file can be changed through this cache.
+    pub fn is_writable(&self) -> bool {
+        self.inner.writable().is_ok()
+    }
+}
+
+/// Which steps of [`Handle::sync_range`] run, as `sync_file_range(2)`'s flags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncRange(u8);
+
+impl SyncRange {
+    /// Wait for writeback in flight in the range before starting any.
+    pub const WAIT_BEFORE: Self = Self(1);
+    /// Start writeback of the range's dirty data.
+    pub const WRITE: Self = Self(2);
+    /// Wait for the range's writeback to finish.
+    pub const WAIT_AFTER: Self = Self(4);
+    /// All three: write the range back and wait (an integrity sync of the range, without the
+    /// file system's own sync).
+    pub const ALL: Self = Self(7);
+
+    /// Whether every step of `other` is in `self`.
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for SyncRange {
+    type Output = Self;
+    fn bitor(self, other: Self) -> Self {
+        Self(self.0 | other.0)
     }
 }
 
@@ -300,6 +391,104 @@ impl Handle {
     /// The file this handle reads.
     pub fn file(&self) -> &File {
         &self.file
+    }
+
+    /// Writes all of `data` at `pos` (see [`File::write_at`]).
+    pub fn write_at(&mut self, data: &[u8], pos: u64) -> Result<usize, Error> {
+        self.file.write_at(data, pos)
+    }
+
+    /// Writes back the file's dirty data, waits for it, and has the file system make the file
+    /// durable (`fsync(2)`: data and metadata). Returns an error if writeback failed since
+    /// this handle was created or last synced, once per error (the kernel's errseq: every
+    /// handle open when the error happened is told once; a handle created later is told only
+    /// if nobody was yet). Under the default
+    /// [`WritebackErrorPolicy::KeepDirty`](crate::WritebackErrorPolicy::KeepDirty) the data of
+    /// a failed write stays dirty and this call tries it again: `Ok` means everything dirty
+    /// before the call is on storage. A memory file has nothing to sync.
+    pub fn sync_all(&mut self) -> Result<(), Error> {
+        self.sync(false)
+    }
+
+    /// As [`sync_all`](Self::sync_all), with `fdatasync(2)` (the file's timestamps may stay
+    /// behind; its size and data do not).
+    pub fn sync_data(&mut self) -> Result<(), Error> {
+        self.sync(true)
+    }
+
+    fn sync(&mut self, data_only: bool) -> Result<(), Error> {
+        let inode = &self.file.inner;
+        let Some(disk) = inode.disk() else {
+            return Ok(());
+        };
+        let Some(direct) = &disk.direct else {
+            return Ok(());
+        };
+        if inode.writable().is_ok() {
+            inode.write_back_all()?;
+            if let Err(error) = direct.sync(data_only) {
+                disk.wb
+                    .errors
+                    .set(error.raw_os_error().unwrap_or(libc::EIO));
+            }
+        }
+        self.check_writeback_errors()
+    }
+
+    /// Writeback of `offset..offset + len` (0: to the end of the file), as
+    /// `sync_file_range(2)`: `WRITE` alone starts it and returns at once (the flusher writes);
+    /// with `WAIT_BEFORE` and `WAIT_AFTER` it waits for writeback in flight before and after;
+    /// all three ([`SyncRange::ALL`]) write the range back and wait, like an integrity sync of
+    /// it. It never asks the file system for durability (no `fsync`). Errors as for
+    /// [`sync_all`](Self::sync_all).
+    pub fn sync_range(&mut self, offset: u64, len: u64, flags: SyncRange) -> Result<(), Error> {
+        let inode = &self.file.inner;
+        let Some(disk) = inode.disk() else {
+            return Ok(());
+        };
+        let first = offset >> PAGE_SHIFT;
+        let last = if len == 0 {
+            u64::MAX
+        } else {
+            (offset.saturating_add(len) - 1) >> PAGE_SHIFT
+        };
+        let wait = || drop(disk.wb.pass_lock());
+        if flags.contains(SyncRange::WAIT_BEFORE) {
+            wait();
+        }
+        if flags.contains(SyncRange::WRITE) && inode.writable().is_ok() {
+            if flags == SyncRange::ALL {
+                crate::writeback::write_back(inode, first, last, crate::writeback::SyncMode::All)?;
+            } else if flags.contains(SyncRange::WAIT_AFTER) {
+                crate::writeback::write_back(
+                    inode,
+                    first,
+                    last,
+                    crate::writeback::SyncMode::None(u64::MAX),
+                )?;
+            } else {
+                // Start, do not wait: the flusher writes (no writeback in flight is waited for).
+                let me: Arc<dyn crate::dirty::Flushable> = Arc::clone(inode) as _;
+                inode.core.dirty.flush_soon(Arc::downgrade(&me));
+            }
+        }
+        if flags.contains(SyncRange::WAIT_AFTER) {
+            wait();
+        }
+        self.check_writeback_errors()
+    }
+
+    /// The writeback error recorded since this handle last looked, once.
+    fn check_writeback_errors(&mut self) -> Result<(), Error> {
+        let Some(disk) = self.file.inner.disk() else {
+            return Ok(());
+        };
+        match disk.wb.errors.check_and_advance(&mut self.wb_since) {
+            None => Ok(()),
+            Some(errno) => Err(Error::Writeback {
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+        }
     }
 
     /// Reads up to `buf.len()` bytes at `pos`; fewer at end of file, 0 at or past it. Holes

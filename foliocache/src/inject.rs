@@ -39,6 +39,17 @@ impl Inject {
         self.armed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// An errno for the next write, if an I/O error or a no-space error is armed.
+    pub(crate) fn take_write_error(&self) -> Option<i32> {
+        if self.take(&self.io_errors) {
+            Some(libc::EIO)
+        } else if self.take(&self.nospace_errors) {
+            Some(libc::ENOSPC)
+        } else {
+            None
+        }
+    }
+
     /// Consumes one event of `counter` if any is left.
     pub(crate) fn take(&self, counter: &AtomicU32) -> bool {
         if !self.armed() {

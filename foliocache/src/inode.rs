@@ -4,14 +4,16 @@
 //! the read path, readahead, faults and writes all work on an `Inode`.
 
 use crate::core::CacheCore;
+use crate::dirty::Flushable;
 use crate::error::Error;
-use crate::io::{Backend, FileStamp, IoCounters};
+use crate::io::{Backend, DirectFile, FileStamp, IoCounters};
 use crate::mapping::Mapping;
 use crate::mem::flag;
 use crate::policy::Policy;
 use crate::readahead::Geometry;
 use crate::reclaim::Evictable;
 use crate::stats::RaCounters;
+use crate::writeback::{SyncMode, WbState, write_back};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
@@ -40,6 +42,10 @@ pub(crate) struct DiskSource {
     stamp: Mutex<Option<FileStamp>>,
     /// Where this file is registered in its cache's file table (a shared file), if it is.
     table: Option<(Arc<FileTable>, (u64, u64))>,
+    /// The file's direct-I/O backend, for writes (`None` for a custom backend: read only).
+    pub(crate) direct: Option<Arc<DirectFile>>,
+    /// Writeback state: one pass at a time, errors, when the file became dirty.
+    pub(crate) wb: WbState,
 }
 
 /// The files a cache has open from storage, by device and inode number: opening a file that is
@@ -47,7 +53,7 @@ pub(crate) struct DiskSource {
 /// cache of it, as the kernel keeps one page cache per inode.
 #[derive(Debug, Default)]
 pub(crate) struct FileTable {
-    files: Mutex<HashMap<(u64, u64), Weak<Inode>>>,
+    files: Mutex<HashMap<(u64, u64), Weak<Opened>>>,
 }
 
 impl FileTable {
@@ -57,14 +63,16 @@ impl FileTable {
         self: &Arc<Self>,
         key: (u64, u64),
         open: impl FnOnce(Option<(Arc<FileTable>, (u64, u64))>) -> Result<Arc<Inode>, Error>,
-    ) -> Result<(Arc<Inode>, bool), Error> {
+    ) -> Result<(Arc<Opened>, bool), Error> {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(inode) = files.get(&key).and_then(Weak::upgrade) {
-            return Ok((inode, false));
+        if let Some(opened) = files.get(&key).and_then(Weak::upgrade) {
+            return Ok((opened, false));
         }
-        let inode = open(Some((Arc::clone(self), key)))?;
-        files.insert(key, Arc::downgrade(&inode));
-        Ok((inode, true))
+        let opened = Arc::new(Opened {
+            inode: open(Some((Arc::clone(self), key)))?,
+        });
+        files.insert(key, Arc::downgrade(&opened));
+        Ok((opened, true))
     }
 
     /// Forgets `key` if its file is gone (called as the file drops).
@@ -72,6 +80,29 @@ impl FileTable {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         if files.get(&key).is_some_and(|weak| weak.strong_count() == 0) {
             files.remove(&key);
+        }
+    }
+}
+
+/// A file as its users hold it (every [`File`](crate::File) clone shares one): when the last
+/// one lets go, the file's dirty data is written back and waited for (the cache is private, so
+/// nobody else could write it later), and a shared file leaves its cache's file table. Write
+/// errors there have nobody left to report to; a user who cares syncs before letting go.
+#[derive(Debug)]
+pub(crate) struct Opened {
+    pub(crate) inode: Arc<Inode>,
+}
+
+impl Drop for Opened {
+    fn drop(&mut self) {
+        // Write back what is dirty and wait, including for a flusher's pass still under way
+        // (its writes may be done while it has yet to set the size on storage exactly): the
+        // pass lock waits for it.
+        if self.inode.writable().is_ok() {
+            let _ = write_back(&self.inode, 0, u64::MAX, SyncMode::All);
+        }
+        if let Some((table, key)) = self.inode.disk().and_then(|disk| disk.table.as_ref()) {
+            table.forget(*key);
         }
     }
 }
@@ -101,13 +132,15 @@ impl Inode {
     }
 
     /// A file read from `backend`, registered with reclaim (its folios can be evicted) and, for
-    /// a shared file, in its cache's file table (`table`).
+    /// a shared file, in its cache's file table (`table`). `direct` is the same backend when it
+    /// is a file opened from storage (which can be written).
     pub(crate) fn new_disk(
         core: &Arc<CacheCore>,
         mapping: Mapping,
         max_order: u8,
         policy: Policy,
         backend: Arc<dyn Backend>,
+        direct: Option<Arc<DirectFile>>,
         table: Option<(Arc<FileTable>, (u64, u64))>,
     ) -> Result<Arc<Self>, Error> {
         let stamp = backend.stamp().map_err(|source| Error::Io {
@@ -127,6 +160,8 @@ impl Inode {
                 ra: RaCounters::default(),
                 stamp: Mutex::new(stamp),
                 table,
+                direct,
+                wb: WbState::default(),
             }),
             core: Arc::clone(core),
         });
@@ -168,12 +203,21 @@ impl Inode {
         self.mapping.set_size(now.size);
         let dropped = self
             .mapping
-            .truncate_unless(.., |flags| flags & flag::DIRTY != 0);
+            .truncate_unless(.., |flags| flags & (flag::DIRTY | flag::WRITEBACK) != 0);
         Ok(Revalidated {
             changed: true,
             size: now.size,
             dropped_pages: dropped,
         })
+    }
+
+    /// Where reads issued now end: bytes past it are zeroed when they arrive. The smaller of
+    /// the size on storage (a shorter transfer there is the end of the file, not an error) and
+    /// the file's size (the bytes of a folio past the end of the file stay zero, whatever
+    /// storage still holds there while a truncation is under way).
+    pub(crate) fn read_limit(&self) -> u64 {
+        let disk = self.disk().map_or(u64::MAX, |disk| disk.backend.size());
+        disk.min(self.mapping.size())
     }
 
     pub(crate) fn disk(&self) -> Option<&DiskSource> {
@@ -188,11 +232,15 @@ impl Inode {
         }
     }
 
-    /// Whether this file may be changed through the cache.
+    /// Whether this file may be changed through the cache: a memory file, or a file from
+    /// storage opened for writing (shared: a file opened apart is read only).
     pub(crate) fn writable(&self) -> Result<(), Error> {
-        match self.source {
+        match &self.source {
             None => Ok(()),
-            Some(_) => Err(Error::ReadOnly),
+            Some(disk) => match &disk.direct {
+                Some(direct) if disk.table.is_some() && direct.write_fd().is_ok() => Ok(()),
+                _ => Err(Error::ReadOnly),
+            },
         }
     }
 
@@ -210,13 +258,25 @@ impl Evictable for Inode {
     }
 }
 
+impl Flushable for Inode {
+    fn flush(self: Arc<Self>, pages: u64) -> u64 {
+        let mode = if pages == u64::MAX {
+            SyncMode::All
+        } else {
+            SyncMode::None(pages)
+        };
+        write_back(&self, 0, u64::MAX, mode).map_or(0, |outcome| outcome.pages)
+    }
+
+    fn dirtied_when(&self) -> Option<std::time::Instant> {
+        self.disk().and_then(|disk| disk.wb.dirtied_when())
+    }
+}
+
 impl Drop for Inode {
     fn drop(&mut self) {
-        if let Some(disk) = &self.source {
+        if self.source.is_some() {
             self.core.reclaim.unregister(self.mapping.id());
-            if let Some((table, key)) = &disk.table {
-                table.forget(*key);
-            }
         }
     }
 }

@@ -43,6 +43,7 @@ compile_error!("foliocache needs a 64-bit target");
 
 mod cache;
 mod core;
+mod dirty;
 mod error;
 mod fault;
 mod file;
@@ -60,11 +61,14 @@ mod readahead;
 mod reclaim;
 mod stats;
 mod sync;
+mod write;
+mod writeback;
 
 pub use cache::{Cache, CacheBuilder, MAX_READAHEAD_BYTES, Stats};
+pub use dirty::DirtyStats;
 pub use error::Error;
 pub use fault::{Fault, Region, RegionHint};
-pub use file::{Advice, CachedRange, DropReport, File, Handle, PageState};
+pub use file::{Advice, CachedRange, DropReport, File, Handle, PageState, SyncRange};
 pub use inode::Revalidated;
 pub use io::{Backend, EngineKind, FileStamp, IoMode, IoStats, OpenOptions, ReadRequest};
 pub use mapping::MappingStats;
@@ -72,6 +76,7 @@ pub use mem::{FolioRef, MAX_ORDER, PAGE_SIZE};
 pub use memfile::MAX_FILE_SIZE;
 pub use policy::{
     InsertPolicy, Policy, ReadPolicy, ReclaimPolicy, RefcountPolicy, SmallReadPolicy,
+    WritebackErrorPolicy,
 };
 pub use read::{MAX_READ_RUN, ReadRun, SMALL_READ_MAX, Slice};
 pub use readahead::RaState;

@@ -21,7 +21,7 @@
 //! already hold a reference keep the folio (and its bytes) alive until they drop it.
 
 use crate::error::Error;
-use crate::index::{Entry, Index, IndexView, IndexWriter, MAX_VALUE, RangeStop};
+use crate::index::{Entry, Index, IndexView, IndexWriter, MAX_VALUE, Mark, RangeStop};
 use crate::mem::{FolioRef, LockedFolio, Memory, NewFolio, PAGE_SHIFT, flag};
 use crate::sync::Ordering;
 use crate::sync::unmodelled::{
@@ -29,6 +29,10 @@ use crate::sync::unmodelled::{
 };
 use std::ops::RangeBounds;
 use std::sync::Arc;
+
+/// Folios `tag_towrite` tags per hold of the writer lock (the kernel's `XA_CHECK_SCHED`
+/// drops its lock every 4096; a smaller chunk keeps readahead's insertions waiting less).
+const TAG_CHUNK: usize = 1024;
 
 /// Folios one index walk can return at most (the kernel's `PAGEVEC_SIZE`).
 pub const BATCH_SIZE: usize = 31;
@@ -143,6 +147,8 @@ pub enum RemoveError<'m> {
     NotInMapping(FolioRef<'m>),
     /// The shadow value is larger than an index value entry can hold ([`MAX_VALUE`]).
     ShadowTooLarge(FolioRef<'m>),
+    /// The folio is dirty or under writeback: its data is not on storage yet.
+    Dirty(FolioRef<'m>),
 }
 
 /// The result of [`Mapping::add_folio_range`].
@@ -179,6 +185,10 @@ pub struct MappingStats {
     pub index_bytes: u64,
     /// Optimistic small reads that had to try again (a concurrent change was detected).
     pub optimistic_retries: u64,
+    /// Pages of folios that are dirty now.
+    pub dirty_pages: u64,
+    /// Pages of folios under writeback now.
+    pub writeback_pages: u64,
 }
 
 #[derive(Debug, Default)]
@@ -204,6 +214,29 @@ pub struct Mapping {
     mem: Arc<Memory>,
     /// The cache's count of shadow entries (reclaim's), kept in step as this index drops them.
     shadows: Arc<ShadowCount>,
+    /// The cache's dirty and writeback page counts, and this mapping's own.
+    pages: Arc<PageCounts>,
+    own: PageCounts,
+}
+
+/// Pages dirty and under writeback, in all of a cache's mappings (what throttling looks at),
+/// kept by the mappings as their folios change state (always under a mapping's writer lock).
+#[derive(Debug, Default)]
+pub(crate) struct PageCounts {
+    pub(crate) dirty: StatU64,
+    pub(crate) writeback: StatU64,
+}
+
+impl PageCounts {
+    fn add(counter: &StatU64, pages: u64) {
+        counter.fetch_add(pages, StatOrdering::Relaxed);
+    }
+
+    fn sub(counter: &StatU64, pages: u64) {
+        let _ = counter.fetch_update(StatOrdering::Relaxed, StatOrdering::Relaxed, |n| {
+            Some(n.saturating_sub(pages))
+        });
+    }
 }
 
 /// How many shadow entries a cache's indexes hold (approximately: see `ReclaimStats`). Owned by
@@ -235,7 +268,12 @@ impl ShadowCount {
 }
 
 impl Mapping {
-    pub(crate) fn new(mem: Arc<Memory>, shadows: Arc<ShadowCount>, id: u64) -> Self {
+    pub(crate) fn new(
+        mem: Arc<Memory>,
+        shadows: Arc<ShadowCount>,
+        pages: Arc<PageCounts>,
+        id: u64,
+    ) -> Self {
         Self {
             id,
             index: Index::with_meter(usize::MAX, Arc::clone(&mem.nodes)),
@@ -244,6 +282,38 @@ impl Mapping {
             counters: Counters::default(),
             mem,
             shadows,
+            pages,
+            own: PageCounts::default(),
+        }
+    }
+
+    /// Pages of this mapping's folios that are dirty.
+    pub(crate) fn dirty_pages(&self) -> u64 {
+        self.own.dirty.load(StatOrdering::Relaxed)
+    }
+
+    /// Pages of this mapping's folios under writeback.
+    pub(crate) fn writeback_pages(&self) -> u64 {
+        self.own.writeback.load(StatOrdering::Relaxed)
+    }
+
+    fn count_dirty(&self, pages: u64, on: bool) {
+        for counter in [&self.pages.dirty, &self.own.dirty] {
+            if on {
+                PageCounts::add(counter, pages);
+            } else {
+                PageCounts::sub(counter, pages);
+            }
+        }
+    }
+
+    fn count_writeback(&self, pages: u64, on: bool) {
+        for counter in [&self.pages.writeback, &self.own.writeback] {
+            if on {
+                PageCounts::add(counter, pages);
+            } else {
+                PageCounts::sub(counter, pages);
+            }
         }
     }
 
@@ -603,6 +673,11 @@ impl Mapping {
             if folio.mapping_id() != self.id {
                 return Err(RemoveError::NotInMapping(folio));
             }
+            // Dirty or written back folios hold data storage does not have yet: never dropped
+            // (the write path changes these flags under this lock, so the check is final).
+            if folio.desc().flags.load(Ordering::Acquire) & (flag::DIRTY | flag::WRITEBACK) != 0 {
+                return Err(RemoveError::Dirty(folio));
+            }
             if !folio.desc().refcount.freeze(2, policy) {
                 return Err(RemoveError::Busy(folio));
             }
@@ -664,6 +739,206 @@ impl Mapping {
         }
     }
 
+    /// Inserts a private, uptodate folio at page `index` as dirty (a write of bytes that were
+    /// not cached): it goes in unlocked with DIRTY set and the Dirty mark on its entry, in one
+    /// hold of the writer lock, so the flag and the mark agree whenever the lock is free.
+    /// Returns the shadow value the folio replaced, if any; on failure the folio is freed.
+    pub fn add_dirty_folio<'f>(
+        &self,
+        folio: NewFolio<'f>,
+        index: u64,
+    ) -> Result<(FolioRef<'f>, Option<u64>), Error> {
+        debug_assert!(folio.is_uptodate());
+        folio.set_internal(flag::DIRTY);
+        let entry = self.prepare(&folio, index, Zeros::No)?;
+        let pages = folio.nr_pages() as u64;
+        let result = {
+            let mut writer = self.lock();
+            let result = writer.insert(index, entry);
+            if result.is_ok() {
+                writer.set_mark(index, Mark::Dirty);
+                self.count_dirty(pages, true);
+            }
+            result
+        };
+        match result {
+            Ok(shadow) => {
+                folio.folio.desc().unlock_with(0);
+                self.counters.insertions.inc();
+                self.cached_pages.fetch_add(pages, StatOrdering::Relaxed);
+                Ok((folio.folio, shadow))
+            }
+            Err(error) => {
+                self.unprepare(&folio);
+                Err(error)
+            }
+        }
+    }
+
+    /// Swaps `new` (a private, uptodate folio of the same order, holding `old`'s bytes with a
+    /// write applied) in for `old`, dirty: the write path's copy on write. One index store, so
+    /// a lockless reader sees all of the old folio or all of the new one. The slot's marks stay
+    /// (an integrity sync that tagged the old folio writes the new one) and it is marked
+    /// Dirty. Fails with [`Error::FolioWriteback`] while `old` is being written back (its bytes
+    /// are on their way to storage: the caller waits and tries again), and with
+    /// [`Error::NotCached`] if `old` left the mapping.
+    pub fn replace_dirty<'f>(
+        &self,
+        old: &FolioRef<'_>,
+        new: NewFolio<'f>,
+    ) -> Result<FolioRef<'f>, Error> {
+        if !std::ptr::eq(old.mem, self.mem()) {
+            return Err(Error::ForeignFolio);
+        }
+        debug_assert!(new.is_uptodate());
+        let index = old.index();
+        new.set_internal(flag::DIRTY);
+        let new_entry = self.prepare(&new, index, Zeros::No)?;
+        let outcome = {
+            let mut writer = self.lock();
+            match entry_of(&writer, old) {
+                Some(old_entry) if old.mapping_id() == self.id => {
+                    let flags = old.desc().flags.load(Ordering::Acquire);
+                    if flags & flag::WRITEBACK != 0 {
+                        Err(Error::FolioWriteback { index })
+                    } else {
+                        match writer.replace(index, old_entry, new_entry) {
+                            Ok(true) => {
+                                writer.set_mark(index, Mark::Dirty);
+                                old.desc().mapping.store(0, Ordering::Release);
+                                // The old folio leaves clean: its bytes live on in `new`.
+                                let was_dirty =
+                                    old.desc().flags.fetch_and(!flag::DIRTY, Ordering::AcqRel)
+                                        & flag::DIRTY
+                                        != 0;
+                                if was_dirty {
+                                    self.count_dirty(old.nr_pages() as u64, false);
+                                }
+                                self.count_dirty(new.nr_pages() as u64, true);
+                                Ok(())
+                            }
+                            Ok(false) => Err(Error::NotCached { index }),
+                            Err(error) => Err(error),
+                        }
+                    }
+                }
+                _ => Err(Error::NotCached { index }),
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                new.folio.desc().unlock_with(0);
+                // The cache's reference on the old folio.
+                self.mem().put(old.pfn);
+                self.counters.insertions.inc();
+                self.counters.removals.inc();
+                Ok(new.folio)
+            }
+            Err(error) => {
+                self.unprepare(&new);
+                Err(error)
+            }
+        }
+    }
+
+    /// Marks Dirty → ToWrite over pages `first..=last` (the kernel's
+    /// `tag_pages_for_writeback`): an integrity sync then writes exactly the folios dirty when
+    /// it began, however fast writers dirty new ones (no livelock). Returns the folios tagged.
+    pub fn tag_towrite(&self, first: u64, last: u64) -> u64 {
+        let mut tagged = 0;
+        let mut from = first;
+        loop {
+            // Chunks of the range, the lock released between them.
+            let mut writer = self.lock();
+            for _ in 0..TAG_CHUNK {
+                let Some((at, entry)) = writer.next_marked(from, last, Mark::Dirty) else {
+                    return tagged;
+                };
+                writer.set_mark(at, Mark::ToWrite);
+                tagged += 1;
+                match at.checked_add(1u64 << entry.order()) {
+                    Some(next) => from = next,
+                    None => return tagged,
+                }
+            }
+        }
+    }
+
+    /// Starts writeback of up to `max_pages` pages of folios carrying `mark` (Dirty, or
+    /// ToWrite for an integrity sync) in pages `from..=last`, in index order, under one hold
+    /// of the writer lock (the kernel's `folio_clear_dirty_for_io` + `folio_start_writeback`
+    /// for a batch): each folio loses DIRTY and its Dirty and ToWrite marks and gains WRITEBACK
+    /// and the Writeback mark. Folios already under writeback are skipped (they keep their
+    /// ToWrite mark). Returns the folios, referenced, and where a next call goes on from.
+    pub fn start_writeback(
+        &self,
+        from: u64,
+        last: u64,
+        mark: Mark,
+        max_pages: u64,
+    ) -> (Vec<FolioRef<'_>>, Option<u64>) {
+        let mut out = Vec::new();
+        let mut pages = 0;
+        let mut at_index = from;
+        let mut writer = self.lock();
+        while pages < max_pages {
+            let Some((at, entry)) = writer.next_marked(at_index, last, mark) else {
+                return (out, None);
+            };
+            let next = at.checked_add(1u64 << entry.order());
+            if let Entry::Folio { id, .. } = entry {
+                let desc = self.mem().desc(id);
+                let flags = desc.flags.load(Ordering::Acquire);
+                if flags & flag::WRITEBACK == 0 {
+                    let nr = 1u64 << entry.order();
+                    if flags & flag::DIRTY != 0 {
+                        self.count_dirty(nr, false);
+                    }
+                    desc.flags.fetch_and(!flag::DIRTY, Ordering::AcqRel);
+                    desc.flags.fetch_or(flag::WRITEBACK, Ordering::AcqRel);
+                    writer.clear_mark(at, Mark::Dirty);
+                    writer.clear_mark(at, Mark::ToWrite);
+                    writer.set_mark(at, Mark::Writeback);
+                    self.count_writeback(nr, true);
+                    // The index holds a reference (its entry): taking another is safe here.
+                    desc.refcount.get();
+                    out.push(FolioRef {
+                        mem: self.mem(),
+                        pfn: id,
+                    });
+                    pages += nr;
+                }
+            }
+            match next {
+                Some(next) => at_index = next,
+                None => return (out, None),
+            }
+        }
+        (out, Some(at_index))
+    }
+
+    /// Ends writeback of `folio` (started by `start_writeback`): WRITEBACK and its mark go;
+    /// with `redirty` (the write failed and the data must be kept) DIRTY and the Dirty mark
+    /// come back. Waiters for the writeback are woken.
+    pub fn end_writeback(&self, folio: &FolioRef<'_>, redirty: bool) {
+        let nr = folio.nr_pages() as u64;
+        {
+            let mut writer = self.lock();
+            let in_index = entry_of(&writer, folio).is_some() && folio.mapping_id() == self.id;
+            debug_assert!(in_index, "a folio under writeback left its mapping");
+            if in_index {
+                writer.clear_mark(folio.index(), Mark::Writeback);
+                if redirty {
+                    writer.set_mark(folio.index(), Mark::Dirty);
+                    self.count_dirty(nr, true);
+                }
+            }
+            self.count_writeback(nr, false);
+            let set = if redirty && in_index { flag::DIRTY } else { 0 };
+            folio.desc().clear_and_wake(flag::WRITEBACK, set);
+        }
+    }
+
     /// Removes every folio and value lying entirely inside the page range, dropping the cache's
     /// references (folios still referenced elsewhere are freed when their last holder lets go).
     /// Returns the number of pages of the folios removed.
@@ -673,9 +948,10 @@ impl Mapping {
 
     /// Removes, like [`truncate`](Self::truncate), every value and every folio lying entirely
     /// inside the page range, except folios for which `keep(flags)` says true (asked under the
-    /// writer lock, which is where the write path changes DIRTY and WRITEBACK). Returns the
-    /// pages of the folios removed.
-    pub(crate) fn truncate_unless(
+    /// writer lock, which is where the write path changes DIRTY and WRITEBACK). A dirty folio
+    /// removed is dropped with its data, as truncation does (`folio_cancel_dirty`). Returns
+    /// the pages of the folios removed.
+    pub fn truncate_unless(
         &self,
         pages: impl RangeBounds<u64>,
         mut keep: impl FnMut(u32) -> bool,
@@ -685,8 +961,19 @@ impl Mapping {
             let mut removed = Vec::new();
             writer.truncate_where(pages, |first, entry| {
                 let go = match entry {
-                    Entry::Folio { id, .. } => {
-                        !keep(self.mem().desc(id).flags.load(Ordering::Acquire))
+                    Entry::Folio { id, order, .. } => {
+                        let desc = self.mem().desc(id);
+                        let flags = desc.flags.load(Ordering::Acquire);
+                        let go = !keep(flags);
+                        if go && flags & flag::DIRTY != 0 {
+                            desc.flags.fetch_and(!flag::DIRTY, Ordering::AcqRel);
+                            self.count_dirty(1u64 << order, false);
+                        }
+                        debug_assert!(
+                            !go || flags & flag::WRITEBACK == 0,
+                            "a folio under writeback removed"
+                        );
+                        go
                     }
                     Entry::Value { .. } => true,
                 };
@@ -785,6 +1072,8 @@ impl Mapping {
             index_nodes: self.index.node_count() as u64,
             index_bytes: self.index.memory_bytes() as u64,
             optimistic_retries: self.counters.optimistic_retries.get(),
+            dirty_pages: self.dirty_pages(),
+            writeback_pages: self.writeback_pages(),
         }
     }
 }

@@ -24,6 +24,8 @@ pub struct Policy {
     /// Which folios eviction picks (active/inactive lists with workingset detection, the
     /// default; or the same lists without it; or one list, a clock approximating LRU).
     pub reclaim: ReclaimPolicy,
+    /// What a failed writeback does with the data (beyond the kernel: keep it, the default).
+    pub writeback_error: WritebackErrorPolicy,
 }
 
 impl Default for Policy {
@@ -35,6 +37,7 @@ impl Default for Policy {
             insert: InsertPolicy::default(),
             exec_order: 4,
             reclaim: ReclaimPolicy::default(),
+            writeback_error: WritebackErrorPolicy::default(),
         }
     }
 }
@@ -100,4 +103,24 @@ pub enum ReclaimPolicy {
     /// One list with a second chance (a clock): a folio accessed since the hand last passed is
     /// spared once, the others are evicted. The plain LRU approximation.
     Clock,
+}
+
+/// What happens to the data of a folio whose writeback failed (an I/O error, no space).
+///
+/// Either way the error is reported, with the kernel's errseq semantics, once to every
+/// [`Handle`](crate::Handle) that was open when it happened, at its next `sync_all`,
+/// `sync_data` or `sync_range` (and to one opened later if nobody has seen it yet).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum WritebackErrorPolicy {
+    /// Keep the folio dirty: its data stays in the cache and the next writeback (the next
+    /// `sync_all` at the latest) tries it again, so a sync that returns `Ok` after an error
+    /// means the data did reach storage. Data that can never be written stays in the cache
+    /// (and holds memory: writers are throttled, then wait) until the file is dropped. The
+    /// default: what PostgreSQL needed in 2018 ("fsyncgate").
+    #[default]
+    KeepDirty,
+    /// The kernel's behaviour: the folio is left clean, its data kept only until reclaim drops
+    /// it, and never retried; a second sync returns `Ok` although the data never reached
+    /// storage.
+    Discard,
 }

@@ -125,13 +125,14 @@ impl Injector {
         self.inject.arm(&self.inject.alloc_failures, n);
     }
 
-    /// The next `n` I/O completions of the engine (reads or writes of files opened from
-    /// storage) report `EIO`.
+    /// The next `n` I/O transfers of the engine report `EIO`: a read after it completed (the
+    /// folios stay not uptodate), a write instead of reaching the device (storage keeps its
+    /// old bytes, as after a real failure).
     pub fn io_errors(&self, n: u32) {
         self.inject.arm(&self.inject.io_errors, n);
     }
 
-    /// The next `n` write completions report `ENOSPC`.
+    /// The next `n` writes report `ENOSPC` instead of reaching the device.
     pub fn nospace_errors(&self, n: u32) {
         self.inject.arm(&self.inject.nospace_errors, n);
     }

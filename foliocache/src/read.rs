@@ -499,7 +499,7 @@ fn read_locked_folio(file: &Inode, ra: &mut RaState, locked: LockedFolio<'_>) ->
         Arc::clone(&disk.io),
         vec![locked],
         offset,
-        disk.backend.size(),
+        file.read_limit(),
     )]);
     folio.wait_unlocked();
     if folio.is_uptodate() {

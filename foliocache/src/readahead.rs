@@ -961,7 +961,7 @@ impl<'f> Submission<'f> {
                 Arc::clone(&self.disk.io),
                 folios,
                 offset,
-                self.disk.backend.size(),
+                self.file.read_limit(),
             ));
         }
     }

@@ -349,7 +349,7 @@ impl Reclaim {
                 }
                 Ok(pages)
             }
-            Err(RemoveError::Busy(folio)) => {
+            Err(RemoveError::Busy(folio) | RemoveError::Dirty(folio)) => {
                 // The same reference, handed back with the memory's lifetime rather than the
                 // file's borrow.
                 let pfn = folio.id();

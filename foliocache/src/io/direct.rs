@@ -4,7 +4,7 @@ use super::{Backend, FileIo, FileStamp, ReadRequest, Transfer, threads, uring};
 use crate::error::Error;
 use crate::inject::Inject;
 use std::fmt;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -84,6 +84,9 @@ pub struct OpenOptions {
     pub(crate) insert: Option<crate::InsertPolicy>,
     pub(crate) shared: bool,
     pub(crate) revalidate: bool,
+    pub(crate) write: bool,
+    pub(crate) create: bool,
+    pub(crate) truncate: bool,
 }
 
 impl Default for OpenOptions {
@@ -94,6 +97,9 @@ impl Default for OpenOptions {
             insert: None,
             shared: true,
             revalidate: true,
+            write: false,
+            create: false,
+            truncate: false,
         }
     }
 }
@@ -111,6 +117,31 @@ impl OpenOptions {
     /// read only: for comparing policies on one file side by side (the benchmarks do).
     pub fn shared(mut self, on: bool) -> Self {
         self.shared = on;
+        self
+    }
+
+    /// Open for writing as well (the file must be writable by this process): writes go into
+    /// the cache as dirty folios and reach storage by writeback (see
+    /// [`File::write_at`](crate::File::write_at) and [`Handle::sync_all`](crate::Handle::sync_all)).
+    /// A file the cache already has open read only becomes writable.
+    pub fn write(mut self, on: bool) -> Self {
+        self.write = on;
+        self
+    }
+
+    /// Create the file (empty, mode 0644 before the umask) if it does not exist; implies
+    /// `write`.
+    pub fn create(mut self, on: bool) -> Self {
+        self.create = on;
+        self.write |= on;
+        self
+    }
+
+    /// Truncate the file to 0 bytes when opened (through the cache, so cached pages go too);
+    /// implies `write`.
+    pub fn truncate(mut self, on: bool) -> Self {
+        self.truncate = on;
+        self.write |= on;
         self
     }
 
@@ -168,6 +199,9 @@ const TMPFS_MAGIC: i64 = 0x0102_1994;
 pub struct DirectFile {
     path: PathBuf,
     fd: Arc<OwnedFd>,
+    /// The descriptor writes go through, once the file was opened for writing (the same
+    /// open file description's inode, reopened read-write through `/proc/self/fd`).
+    write_fd: std::sync::Mutex<Option<Arc<OwnedFd>>>,
     /// The size on storage, as last seen (at open, or by `stamp`).
     size: std::sync::atomic::AtomicU64,
     mode: IoMode,
@@ -249,6 +283,7 @@ impl DirectFile {
         Ok(Self {
             path: path.to_owned(),
             fd: Arc::new(OwnedFd::from(file)),
+            write_fd: std::sync::Mutex::new(None),
             size: std::sync::atomic::AtomicU64::new(meta.len()),
             mode,
             io,
@@ -259,6 +294,128 @@ impl DirectFile {
     /// How this file is read.
     pub fn mode(&self) -> IoMode {
         self.mode
+    }
+
+    /// Makes the file writable: opens the same inode read-write (with O_DIRECT when reads use
+    /// it), once.
+    pub(crate) fn enable_writes(&self) -> Result<(), Error> {
+        let mut slot = self
+            .write_fd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_some() {
+            return Ok(());
+        }
+        let open_error = |source| Error::Open {
+            path: self.path.clone(),
+            source,
+        };
+        // Through /proc/self/fd: the very inode this file reads, even if its path was renamed
+        // or removed since.
+        let proc = format!("/proc/self/fd/{}", self.fd.as_raw_fd());
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).write(true);
+        if self.mode == IoMode::Direct {
+            options.custom_flags(libc::O_DIRECT);
+        }
+        let file = options.open(&proc).map_err(open_error)?;
+        *slot = Some(Arc::new(OwnedFd::from(file)));
+        Ok(())
+    }
+
+    /// The descriptor writes use.
+    pub(crate) fn write_fd(&self) -> Result<Arc<OwnedFd>, Error> {
+        self.write_fd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or(Error::ReadOnly)
+    }
+
+    /// Starts writes (writeback) of folios to the file.
+    pub(crate) fn submit_writes(&self, transfers: Vec<Box<dyn Transfer>>) -> Result<(), Error> {
+        let fd = self.write_fd()?;
+        self.engine.submit(&fd, transfers, self.io);
+        Ok(())
+    }
+
+    /// Reads `buf.len()` bytes at `offset` synchronously into `buf` (a folio: page aligned, a
+    /// page multiple), for a write that covers part of a page not cached (read before write).
+    /// Bytes past the end of the file read as zeros. Returns the bytes that came from the file.
+    pub(crate) fn read_sync(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            let want = buf.len() - done;
+            match rustix::io::pread(&*self.fd, &mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let before = done;
+                    done += n;
+                    if n < want && offset + done as u64 >= self.size() {
+                        break; // the end of the file
+                    }
+                    // Cut short before the end: go on from a block boundary (O_DIRECT).
+                    done -= done % self.io.align.max(1);
+                    if done <= before {
+                        return Err(std::io::Error::from_raw_os_error(libc::EIO));
+                    }
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(errno) => return Err(errno.into()),
+            }
+        }
+        buf[done..].fill(0);
+        Ok(done)
+    }
+
+    /// Sets the size on storage (`ftruncate`).
+    pub(crate) fn set_size(&self, size: u64) -> Result<(), Error> {
+        let fd = self.write_fd()?;
+        rustix::fs::ftruncate(&*fd, size).map_err(|errno| Error::Io {
+            offset: size,
+            len: 0,
+            source: errno.into(),
+        })?;
+        self.size.store(size, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Notes that writes reached byte `end` (an O_DIRECT write of a whole last block extends
+    /// the file on storage until the size is set exactly).
+    pub(crate) fn wrote_to(&self, end: u64) {
+        self.size
+            .fetch_max(end, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// `fsync` (or `fdatasync` with `data_only`) of the file.
+    pub(crate) fn sync(&self, data_only: bool) -> std::io::Result<()> {
+        let fd = self
+            .write_fd()
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
+        if data_only {
+            rustix::fs::fdatasync(&*fd)?;
+        } else {
+            rustix::fs::fsync(&*fd)?;
+        }
+        Ok(())
+    }
+
+    /// `fallocate`: with `punch`, deallocates `offset..offset + len` (it reads as zeros, the
+    /// size stays); else allocates it, growing the size if it ends past it.
+    pub(crate) fn fallocate(&self, offset: u64, len: u64, punch: bool) -> std::io::Result<()> {
+        let fd = self
+            .write_fd()
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
+        let mode = if punch {
+            rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE
+        } else {
+            rustix::fs::FallocateFlags::empty()
+        };
+        rustix::fs::fallocate(&*fd, mode, offset, len)?;
+        if !punch {
+            self.wrote_to(offset + len);
+        }
+        Ok(())
     }
 
     /// The path it was opened from.

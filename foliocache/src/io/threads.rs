@@ -106,6 +106,12 @@ fn transfer_fully(
     io: FileIo,
     inject: &Inject,
 ) -> std::io::Result<usize> {
+    // An injected write error fails the write before it reaches the device.
+    if transfer.is_write()
+        && let Some(errno) = inject.take_write_error()
+    {
+        return Err(std::io::Error::from_raw_os_error(errno));
+    }
     let all = transfer.io_vectors();
     let mut done = 0usize;
     loop {
@@ -144,11 +150,8 @@ fn transfer_fully(
             return Err(error);
         }
         let mut moved = n as usize;
-        if inject.take(&inject.io_errors) {
+        if !transfer.is_write() && inject.take(&inject.io_errors) {
             return Err(std::io::Error::from_raw_os_error(libc::EIO));
-        }
-        if transfer.is_write() && inject.take(&inject.nospace_errors) {
-            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
         if moved > 0 && inject.take(&inject.short_transfers) {
             let short = inject

@@ -132,6 +132,14 @@ impl Uring {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         for transfer in transfers {
+            // An injected write error fails the write before it reaches the device (after the
+            // fact, storage would have the bytes the error says it has not).
+            if transfer.is_write()
+                && let Some(errno) = shared.inject.take_write_error()
+            {
+                transfer.complete(Err(std::io::Error::from_raw_os_error(errno)));
+                continue;
+            }
             let all = transfer.io_vectors();
             let current = vectors_from(&all, 0);
             shared.in_flight.fetch_add(1, Ordering::Relaxed);
@@ -251,10 +259,8 @@ fn complete_loop(shared: &Shared) {
 /// next entry (a continuation after a short transfer).
 fn step(inject: &Inject, mut op: Box<InFlight>, result: i32) -> Option<Box<InFlight>> {
     let mut result = result;
-    if inject.take(&inject.io_errors) {
+    if !op.transfer.is_write() && inject.take(&inject.io_errors) {
         result = -libc::EIO;
-    } else if op.transfer.is_write() && inject.take(&inject.nospace_errors) {
-        result = -libc::ENOSPC;
     } else if result > 0 && inject.take(&inject.short_transfers) {
         let short = inject.short_bytes.load(Ordering::Relaxed);
         result = result.min(i32::try_from(short).unwrap_or(i32::MAX));

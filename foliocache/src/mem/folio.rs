@@ -52,6 +52,9 @@ pub mod flag {
     pub(crate) const PROMOTE: u32 = 1 << 11;
     /// Bits [`FolioRef::flags`](super::FolioRef::flags) does not show.
     pub(crate) const INTERNAL: u32 = WAITERS | PUBLISHED | LRU | PROMOTE;
+    /// The folio's bytes are being written to storage. Set and cleared with DIRTY, only under
+    /// the mapping's writer lock, together with the index marks.
+    pub const WRITEBACK: u32 = 1 << 12;
 }
 
 /// One arena page's descriptor (32 bytes).
@@ -121,7 +124,13 @@ impl FolioDesc {
     }
 
     fn wait_unlocked(&self) {
-        if self.flags.load(Ordering::Acquire) & flag::LOCKED == 0 {
+        self.wait_clear(flag::LOCKED);
+    }
+
+    /// Sleeps until none of `bits` is set (LOCKED, or WRITEBACK): whoever clears them clears
+    /// WAITERS in the same step and wakes the queue if it was set (see [`super::wait`]).
+    pub(crate) fn wait_clear(&self, bits: u32) {
+        if self.flags.load(Ordering::Acquire) & bits == 0 {
             return;
         }
         wait::wait(
@@ -129,8 +138,22 @@ impl FolioDesc {
             || {
                 self.flags.fetch_or(flag::WAITERS, Ordering::SeqCst);
             },
-            || self.flags.load(Ordering::SeqCst) & flag::LOCKED != 0,
+            || self.flags.load(Ordering::SeqCst) & bits != 0,
         );
+    }
+
+    /// Clears `bits` and sets `set`, then wakes the waiters, as an unlock does (for the end
+    /// of writeback).
+    pub(crate) fn clear_and_wake(&self, bits: u32, set: u32) {
+        if set != 0 {
+            self.flags.fetch_or(set, Ordering::Release);
+        }
+        let before = self
+            .flags
+            .fetch_and(!(bits | flag::WAITERS), Ordering::SeqCst);
+        if before & flag::WAITERS != 0 {
+            wait::wake_all(self.wait_key());
+        }
     }
 }
 
@@ -304,6 +327,21 @@ impl<'m> FolioRef<'m> {
     pub fn wait_unlocked(&self) {
         self.desc().wait_unlocked();
     }
+
+    /// Sleeps until the folio is not under writeback.
+    pub fn wait_writeback(&self) {
+        self.desc().wait_clear(flag::WRITEBACK);
+    }
+
+    /// Whether the folio holds data not yet written back.
+    pub fn is_dirty(&self) -> bool {
+        self.test(flag::DIRTY)
+    }
+
+    /// Whether the folio is being written back.
+    pub fn is_writeback(&self) -> bool {
+        self.test(flag::WRITEBACK)
+    }
 }
 
 impl Clone for FolioRef<'_> {
@@ -394,6 +432,12 @@ impl<'m> NewFolio<'m> {
     /// Sets bookkeeping flags before insertion (the READAHEAD mark).
     pub(crate) fn set(&self, bits: u32) {
         self.folio.set(bits);
+    }
+
+    /// Sets any flag before insertion (DIRTY for the write path): the folio is private, so
+    /// no protocol is involved yet.
+    pub(crate) fn set_internal(&self, bits: u32) {
+        self.folio.desc().flags.fetch_or(bits, Ordering::Release);
     }
 
     pub(crate) fn as_ref(&self) -> &FolioRef<'m> {

@@ -1,0 +1,221 @@
+//! The write path against a byte model (fsx-style): random writes (small and unaligned,
+//! page-sized, large), reads, truncation down and up, hole punching, syncs, drops, evictions
+//! under a tiny budget, and closing and reopening, on a real file through each I/O engine.
+//! Every read must match the model; after every sync and at the end, the file read without the
+//! cache (`std::fs`) must equal the model, size included.
+//!
+//! Duration: `FOLIOCACHE_STRESS_SECS` seconds per engine (default 2). The seed is printed: a
+//! failure names it, and `FOLIOCACHE_SEED=N` replays it.
+
+mod common;
+
+use foliocache::{Cache, EngineKind, Error, File, Handle, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+const MAX_SIZE: u64 = 3 << 20;
+
+fn open(cache: &Cache, path: &Path) -> (File, Handle) {
+    let file = cache
+        .open_with(path, OpenOptions::new().write(true))
+        .unwrap();
+    let handle = file.handle();
+    (file, handle)
+}
+
+fn check_read(handle: &mut Handle, model: &[u8], pos: u64, len: usize, what: &str) {
+    let mut buf = vec![0xA5u8; len];
+    let n = handle.read_at(&mut buf, pos).unwrap();
+    let want = model.len().saturating_sub(pos as usize).min(len);
+    assert_eq!(
+        n,
+        want,
+        "{what}: read {len} at {pos} of a {}-byte file",
+        model.len()
+    );
+    if let Some(k) = (0..n).find(|&k| buf[k] != model[pos as usize + k]) {
+        panic!(
+            "{what}: byte {} is {:#x}, the model has {:#x}",
+            pos + k as u64,
+            buf[k],
+            model[pos as usize + k]
+        );
+    }
+}
+
+fn check_storage(path: &Path, model: &[u8], what: &str) {
+    let on_disk = std::fs::read(path).unwrap();
+    assert_eq!(on_disk.len(), model.len(), "{what}: size on storage");
+    if let Some(k) = (0..model.len()).find(|&k| on_disk[k] != model[k]) {
+        panic!(
+            "{what}: byte {k} on storage is {:#x}, the model has {:#x}",
+            on_disk[k], model[k]
+        );
+    }
+}
+
+fn run(kind: EngineKind, path: &Path, seed: u64) {
+    let _ = std::fs::remove_file(path);
+    std::fs::write(path, b"").unwrap();
+    // A tiny budget (256 pages): eviction and dirty throttling happen all the time.
+    let cache = Cache::builder()
+        .capacity(1 << 20)
+        .io_engine(kind)
+        .readahead_bytes(64 << 10)
+        .build()
+        .unwrap();
+    let (mut file, mut handle) = open(&cache, path);
+    let mut model: Vec<u8> = Vec::new();
+    let mut rng = Rng(seed);
+    let deadline = Instant::now() + common::stress_duration();
+    let mut ops = 0u64;
+    let mut syncs = 0u64;
+    let trace = std::env::var_os("FOLIOCACHE_TRACE").is_some();
+    while Instant::now() < deadline {
+        ops += 1;
+        let what = format!("{kind:?} seed {seed} op {ops}");
+        if trace {
+            eprintln!(
+                "{what}: size {} dirty {:?}",
+                model.len(),
+                file.mapping_stats().dirty_pages
+            );
+        }
+        match rng.below(20) {
+            // Writes: small unaligned, page aligned, or large.
+            0..=7 => {
+                let len = match rng.below(4) {
+                    0 => 1 + rng.below(100),
+                    1 => 4096 * (1 + rng.below(3)),
+                    2 => 1 + rng.below(3 * 4096),
+                    _ => 1 + rng.below(600 << 10),
+                };
+                let pos = rng.below(MAX_SIZE - len);
+                let pos = if rng.below(3) == 0 { pos & !4095 } else { pos };
+                let stamp = rng.next() as u8 | 1;
+                let data: Vec<u8> = (0..len).map(|k| stamp.wrapping_add(k as u8)).collect();
+                if trace {
+                    eprintln!("  write {pos}..{}", pos + len);
+                }
+                assert_eq!(handle.write_at(&data, pos).unwrap(), len as usize, "{what}");
+                let end = (pos + len) as usize;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[pos as usize..end].copy_from_slice(&data);
+                assert_eq!(file.size(), model.len() as u64, "{what}: size after write");
+            }
+            8..=11 => {
+                let pos = rng.below(model.len() as u64 + 10_000);
+                let len = 1 + rng.below(200_000) as usize;
+                check_read(&mut handle, &model, pos, len, &what);
+            }
+            12 => {
+                let len = rng.below(MAX_SIZE);
+                if trace {
+                    eprintln!("  set_len {len}");
+                }
+                file.set_len(len).unwrap();
+                model.resize(len as usize, 0);
+                assert_eq!(file.size(), len, "{what}: size after set_len");
+            }
+            13 => {
+                if model.is_empty() {
+                    continue;
+                }
+                let pos = rng.below(model.len() as u64);
+                let len = 1 + rng.below(100_000.min(model.len() as u64 - pos));
+                if trace {
+                    eprintln!("  punch {pos}..{}", pos + len);
+                }
+                match file.punch_hole(pos, len) {
+                    Ok(()) => model[pos as usize..(pos + len) as usize].fill(0),
+                    // A file system without hole punching: nothing changed.
+                    Err(Error::Io { .. }) => {}
+                    Err(other) => panic!("{what}: {other}"),
+                }
+            }
+            14 | 15 => {
+                handle.sync_all().unwrap();
+                syncs += 1;
+                check_storage(path, &model, &format!("{what}: after sync"));
+            }
+            16 => {
+                let pos = rng.below(model.len() as u64 + 1);
+                file.drop_cached(pos, rng.below(1 << 20));
+            }
+            17 => {
+                cache.evict(rng.below(512));
+            }
+            18 => {
+                // Close and reopen: the last holder writes the file back.
+                drop(handle);
+                drop(file);
+                check_storage(path, &model, &format!("{what}: after close"));
+                (file, handle) = open(&cache, path);
+            }
+            _ => {
+                if model.len() > 4096 {
+                    let pos = rng.below(model.len() as u64 - 4096);
+                    handle
+                        .sync_range(pos, 4096, foliocache::SyncRange::ALL)
+                        .unwrap();
+                }
+            }
+        }
+    }
+    handle.sync_all().unwrap();
+    check_storage(path, &model, &format!("{kind:?} seed {seed}: at the end"));
+    let mut whole = file.handle();
+    check_read(&mut whole, &model, 0, model.len() + 1, "the final read");
+    let stats = cache.stats();
+    eprintln!(
+        "{kind:?} seed {seed}: {ops} operations, {syncs} syncs, {} pages written back, {} evicted",
+        stats.dirty.written_pages,
+        cache.reclaim_stats().evicted_pages
+    );
+    assert!(stats.dirty.written_pages > 0);
+}
+
+#[test]
+fn random_operations_match_a_byte_model_on_storage() {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("write-model");
+    let seed = std::env::var("FOLIOCACHE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                | 1
+        });
+    eprintln!("seed {seed} (FOLIOCACHE_SEED={seed} replays it)");
+    // The engines, where this machine has them (the probe also checks O_DIRECT works here).
+    common::test_file("write-model-probe", 4096);
+    let probe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("write-model-probe");
+    for (kind, _, _) in common::per_engine(
+        |kind| {
+            Cache::builder()
+                .capacity(1 << 20)
+                .io_engine(kind)
+                .build()
+                .unwrap()
+        },
+        &probe,
+    ) {
+        run(kind, &path, seed);
+    }
+}
