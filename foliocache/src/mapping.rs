@@ -841,6 +841,11 @@ impl Mapping {
         }
     }
 
+    /// Whether the entry covering page `index` carries `mark` (takes the writer lock).
+    pub fn has_mark(&self, index: u64, mark: Mark) -> bool {
+        self.lock().get_mark(index, mark)
+    }
+
     /// Marks Dirty → ToWrite over pages `first..=last` (the kernel's
     /// `tag_pages_for_writeback`): an integrity sync then writes exactly the folios dirty when
     /// it began, however fast writers dirty new ones (no livelock). Returns the folios tagged.

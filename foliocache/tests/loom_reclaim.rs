@@ -49,7 +49,7 @@ fn setup() -> (Cache, File) {
 
 /// The folio is cached and listed, or gone and freed: nothing in between.
 fn check_consistent(cache: &Cache, file: &File) {
-    let cached = foliocache::raw::mapping(&file).lookup(0).is_some();
+    let cached = foliocache::raw::mapping(file).lookup(0).is_some();
     let stats = cache.stats();
     let listed = cache.reclaim_stats();
     let cached_pages = u64::from(cached);
