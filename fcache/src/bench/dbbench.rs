@@ -507,14 +507,11 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             continue;
         };
         let ops = |s: &str| report.figure(case, s, "ops/s");
-        let mut row = Row::new(
-            "000",
-            format!("db_bench {case}: preload vs kernel (kops/s)"),
-        )
-        .after(value(ops("foliocache"), 1e-3, ""))
-        .kernel(value(ops("kernel"), 1e-3, ""))
-        .ratio(Spread::of(p, Unit::Times))
-        .busy_from(&[Some(p), ops("foliocache"), ops("kernel")]);
+        let mut row = Row::new("000", format!("db_bench {case}: preload vs kernel (k/s)"))
+            .after(value(ops("foliocache"), 1e-3, ""))
+            .kernel(value(ops("kernel"), 1e-3, ""))
+            .ratio(Spread::of(p, Unit::Times))
+            .busy_from(&[Some(p), ops("foliocache"), ops("kernel")]);
         if let Some(goal) = goal {
             row = row.at_least(goal);
         }

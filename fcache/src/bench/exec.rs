@@ -512,7 +512,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         let Some(a) = after else { continue };
         let pct = |f: Option<&Figure>| f.map(|f| format!("{:.1}%", f.median * 100.0));
         rows.push(
-            Row::new("001", format!("{name}: text in aligned 64 KiB folios"))
+            Row::new("001", format!("{name}: text in aligned 64K folios"))
                 .before(pct(before))
                 .after(pct(after))
                 .ratio(Spread::of(a, Unit::Percent))
@@ -525,9 +525,11 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                 "io_requests",
             )
         };
-        if let (Some(b), Some(a)) = (io(0), io(4)) {
+        if !prefix.is_empty()
+            && let (Some(b), Some(a)) = (io(0), io(4))
+        {
             rows.push(
-                Row::new("001", format!("{name}: I/O requests (after / before)"))
+                Row::new("001", format!("{name}: I/O requests"))
                     .before(Some(fmt(b.median)))
                     .after(Some(fmt(a.median)))
                     .ratio(Spread::single(a.median / b.median, Unit::Times)),

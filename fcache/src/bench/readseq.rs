@@ -795,7 +795,8 @@ fn build_cache(capacity: u64, ra_bytes: u64, request_bytes: usize) -> Result<Cac
         .map_err(|e| e.to_string())
 }
 
-/// The summary's rows (seed 000), from the first thread count's case.
+/// The summary's rows (seed 000), from the first thread count's case (`threads=2` by
+/// default).
 pub(crate) fn summary(report: &Report) -> Vec<Row> {
     let mut rows = Vec::new();
     let Some(case) = report
@@ -823,17 +824,14 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     };
     if let Some(p) = paired(BATCHED, SINGLE) {
         rows.push(
-            Row::new(
-                "000",
-                format!("{case}: batched vs single insertion (MiB/s)"),
-            )
-            .before(value(mibs(SINGLE), 1.0, ""))
-            .after(value(mibs(BATCHED), 1.0, ""))
-            .kernel(value(mibs(KERNEL), 1.0, ""))
-            .limit(value(mibs(DEVICE), 1.0, "device"))
-            .ratio(Spread::of(p, Unit::Times))
-            .at_least(1.0)
-            .busy_from(&[Some(p)]),
+            Row::new("000", "batched vs single insertion (MiB/s)")
+                .before(value(mibs(SINGLE), 1.0, ""))
+                .after(value(mibs(BATCHED), 1.0, ""))
+                .kernel(value(mibs(KERNEL), 1.0, ""))
+                .limit(value(mibs(DEVICE), 1.0, "device"))
+                .ratio(Spread::of(p, Unit::Times))
+                .at_least(1.0)
+                .busy_from(&[Some(p)]),
         );
     }
     for (a, name, goal) in [
@@ -842,7 +840,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     ] {
         if let Some(p) = paired(a, KERNEL) {
             rows.push(
-                Row::new("000", format!("{case}: {name}"))
+                Row::new("000", name)
                     .after(value(mibs(a), 1.0, "MiB/s"))
                     .kernel(value(mibs(KERNEL), 1.0, "MiB/s"))
                     .ratio(Spread::of(p, Unit::Times))
@@ -853,7 +851,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     }
     if let Some(p) = paired(BATCHED, DEVICE) {
         rows.push(
-            Row::new("000", format!("{case}: batched, share of the device"))
+            Row::new("000", "batched: share of the device")
                 .after(value(mibs(BATCHED), 1.0, "MiB/s"))
                 .limit(value(mibs(DEVICE), 1.0, "MiB/s"))
                 .ratio(Spread::of(p, Unit::Percent))
@@ -866,7 +864,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         report.figure(case, SYSTEMS[KERNEL], "cpu_s_per_GiB"),
     ) {
         rows.push(
-            Row::new("000", format!("{case}: CPU s per GiB, batched vs kernel"))
+            Row::new("000", "CPU s per GiB: batched vs kernel")
                 .before(cpu(SINGLE))
                 .after(cpu(BATCHED))
                 .kernel(cpu(KERNEL))

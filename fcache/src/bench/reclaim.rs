@@ -540,7 +540,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         };
         let mut row = Row::new(
             "reclaim",
-            format!("{case}: hot set hit ratio, workingset vs clock"),
+            format!("{case}: hot-set hits, clock → workingset"),
         )
         .before(pct(report.figure(case, "clock", HOT_METRIC)))
         .after(pct(Some(ws)))
@@ -566,7 +566,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         .max_by(|a, b| a.1.total_cmp(&b.1));
         if let Some(lru) = sim("lru (simulated)") {
             rows.push(
-                Row::new("reclaim", format!("{case}: workingset vs simulated LRU"))
+                Row::new("reclaim", format!("{case}: LRU (sim.) → workingset"))
                     .before(pct(Some(lru)))
                     .after(pct(Some(ws)))
                     .limit(pct(sim("belady (simulated)")).map(|b| format!("{b} opt")))
@@ -579,7 +579,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                 Row::new(
                     "reclaim",
                     format!(
-                        "{case}: vs best of ARC/S3-FIFO/SIEVE ({})",
+                        "{case}: {} (sim., best of 3) → workingset",
                         name.trim_end_matches(" (simulated)")
                     ),
                 )
@@ -598,7 +598,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     ) {
         let limit = (budget + RSS_OVERHEAD) as f64 / f64::from(1 << 20);
         rows.push(
-            Row::new("reclaim", "peak RSS growth over a run vs the budget")
+            Row::new("reclaim", "peak RSS growth of a run vs the budget")
                 .after(Some(format!("{:.1} MiB", peak.median)))
                 .limit(Some(format!("{limit:.0} MiB")))
                 .goal(

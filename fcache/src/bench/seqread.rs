@@ -671,8 +671,9 @@ fn bars(report: &Report) -> String {
     )
 }
 
-/// The summary's rows (seed 004): the 1M rows with large folios off (batched vs per-folio,
-/// vs the kernel, share of the ceiling), and every row's bars counted.
+/// The summary's rows (seed 004): the 1M rows with large folios off (batched vs per-folio with
+/// the kernel's and the ceiling's figures beside, and the share of the ceiling), and every
+/// row's bars counted (batched vs per-folio, and vs the kernel).
 pub(crate) fn summary(report: &Report) -> Vec<Row> {
     let mut rows = Vec::new();
     let gib = |case: &str, s: &str| value(report.figure(case, s, "GiB/s"), 1.0, "GiB/s");
@@ -695,17 +696,6 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                     .ratio(Spread::of(p, Unit::Times))
                     .at_least(need)
                     .busy_from(&[figs[0], figs[1], Some(p)]),
-            );
-        }
-        if let Some(k) = kernel.and_then(|k| paired(report, &case, k)) {
-            rows.push(
-                Row::new(
-                    "004",
-                    format!("{} 1M: batched vs kernel tmpfs", kind.name()),
-                )
-                .ratio(Spread::of(k, Unit::Times))
-                .at_least(1.0)
-                .busy_from(&[Some(k)]),
             );
         }
         if let Some(c) = paired(report, &case, ceiling) {

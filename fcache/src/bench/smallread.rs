@@ -430,7 +430,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     if let Some(f) = paired(report, 1, OPTIMISTIC, KERNEL) {
         let above = report.figure("threads=1", "kernel", "ns_above_syscall");
         rows.push(
-            Row::new("002", "1 thread: foliocache vs kernel pread (M reads/s)")
+            Row::new("002", "1 thread: vs kernel pread (M reads/s)")
                 .after(value(fig(1, OPTIMISTIC), 1e-6, ""))
                 .kernel(value(fig(1, KERNEL), 1e-6, ""))
                 .limit(value(fig(1, SYSCALL), 1e-6, "getppid"))
@@ -441,7 +441,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         if let (Some(above), Some(floor)) = (above, report.figure("threads=1", "syscall", "ns/op"))
         {
             rows.push(
-                Row::new("002", "kernel pread: cost above the getppid floor")
+                Row::new("002", "kernel pread above the getppid floor")
                     .after(Some(format!(
                         "+{} ns ({}–{})",
                         fmt(above.median),
@@ -460,7 +460,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     }
     if let Some(f) = paired(report, 2, FROZEN, CAS) {
         rows.push(
-            Row::new("002", "2 threads: frozen-bit vs cas (M reads/s)")
+            Row::new("002", "2 threads: frozen-bit vs cas (M/s)")
                 .before(value(fig(2, CAS), 1e-6, ""))
                 .after(value(fig(2, FROZEN), 1e-6, ""))
                 .kernel(value(fig(2, KERNEL), 1e-6, ""))
@@ -486,7 +486,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         "paired_share",
     ) {
         rows.push(
-            Row::new("002", "optimistic 1→2 threads, share of the machine's")
+            Row::new("002", "1→2 threads: share of the machine's scaling")
                 .ratio(Spread::of(f, Unit::Percent))
                 .at_least(0.9)
                 .busy_from(&[Some(f)]),
