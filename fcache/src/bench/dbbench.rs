@@ -507,7 +507,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             continue;
         };
         let ops = |s: &str| report.figure(case, s, "ops/s");
-        let mut row = Row::new("000", format!("db_bench {case}: preload vs kernel (k/s)"))
+        let mut row = Row::new("000", format!("db_bench {case}, preload (k ops/s)"))
             .after(value(ops("foliocache"), 1e-3, ""))
             .kernel(value(ops("kernel"), 1e-3, ""))
             .ratio(Spread::of(p, Unit::Times))

@@ -579,7 +579,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                 Row::new(
                     "reclaim",
                     format!(
-                        "{case}: {} (sim., best of 3) → workingset",
+                        "{case}: best sim. ({}) → workingset",
                         name.trim_end_matches(" (simulated)")
                     ),
                 )

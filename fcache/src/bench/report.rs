@@ -553,7 +553,7 @@ fn svg_bars(plot: &Plot, standalone: bool) -> String {
     let mut svg = String::new();
     let _ = writeln!(
         svg,
-        r#"<svg{} width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#,
+        r#"<svg{} width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#,
         if standalone {
             r#" xmlns="http://www.w3.org/2000/svg""#
         } else {

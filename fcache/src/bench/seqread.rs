@@ -216,7 +216,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     } else {
         Sizes {
             file: 256 << 20,
-            time: Duration::from_millis(50),
+            time: Duration::from_millis(40),
         }
     };
     let reps = args.reps();

@@ -81,7 +81,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let time = if args.full {
         Duration::from_millis(1000)
     } else {
-        Duration::from_millis(200)
+        Duration::from_millis(120)
     };
     let reps = args.reps();
     let threads: Vec<usize> = args.threads.clone().map_or_else(
