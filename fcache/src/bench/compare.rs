@@ -100,7 +100,11 @@ fn figures(files: &[ResultFile]) -> Figures {
 /// a property of the workload).
 pub(crate) fn higher_is_better(metric: &str) -> Option<bool> {
     let m = metric.to_ascii_lowercase();
-    if m.contains("/s") || m.contains("hit ratio") || m.starts_with("share") || m == "paired_ratio"
+    if m.contains("/s")
+        || m.contains("hit ratio")
+        || m.starts_with("share_64k")
+        || m == "paired_ratio"
+        || m == "paired_share"
     {
         Some(true)
     } else if m.ends_with("ns")
@@ -234,7 +238,8 @@ pub(crate) fn render(c: &Comparison, old_label: &str, new_label: &str, verbose: 
         .filter(|ch| {
             verbose
                 || matches!(ch.verdict, Verdict::Up | Verdict::Down)
-                || (ch.verdict == Verdict::NoSpread && ch.change().abs() >= 0.05)
+                || (ch.verdict == Verdict::NoSpread
+                    && (ch.change().abs() >= 0.05 || ch.change().is_nan()))
         })
         .collect();
     if !shown.is_empty() {
@@ -254,16 +259,20 @@ pub(crate) fn render(c: &Comparison, old_label: &str, new_label: &str, verbose: 
             } else {
                 ""
             };
+            let change = if ch.change().is_finite() {
+                format!("{:+.1}%", ch.change() * 100.0)
+            } else {
+                "from 0".to_string()
+            };
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {} | {:+.1}% | {verdict}{busy} |",
+                "| {} | {} | {} | {} | {} | {} | {change} | {verdict}{busy} |",
                 ch.suite,
                 ch.case,
                 ch.system,
                 ch.metric,
                 range(&ch.old),
                 range(&ch.new),
-                ch.change() * 100.0
             );
         }
         out.push('\n');
@@ -470,5 +479,11 @@ mod tests {
         assert_eq!(higher_is_better("ns/op"), Some(false));
         assert_eq!(higher_is_better("cpu_s_per_GiB"), Some(false));
         assert_eq!(higher_is_better("bytes_read"), None);
+        assert_eq!(higher_is_better("share_64k_aligned"), Some(true));
+        assert_eq!(
+            higher_is_better("share_4k"),
+            None,
+            "a small-folio share is no goal"
+        );
     }
 }
