@@ -712,20 +712,22 @@ pub(crate) fn is_busy(others: u64, total: u64) -> bool {
     others >= 2 && others as f64 > 0.05 * total as f64
 }
 
+/// Consecutive busy samples, over the whole run (see [`IdleGuard`]).
+static BUSY_STREAK: AtomicUsize = AtomicUsize::new(0);
+
 /// One sample under the idle guard: `measure` runs, and runs again (at most twice more) if
 /// other processes used the machine meanwhile; the last one is kept and flagged when it was
-/// still busy. After three busy samples in a row the guard stops re-running until a clean one
-/// comes (a machine busy for minutes gets flagged figures, not a run that never ends).
-pub(crate) struct IdleGuard {
-    busy_streak: usize,
-}
+/// still busy. After three busy samples in a row (over the whole run) the guard stops
+/// re-running until a clean one comes: a machine busy for minutes gets flagged figures, not a
+/// run that never ends.
+pub(crate) struct IdleGuard;
 
 impl IdleGuard {
     const RERUNS: usize = 2;
     const STREAK: usize = 3;
 
     pub(crate) fn new() -> Self {
-        Self { busy_streak: 0 }
+        Self
     }
 
     /// Measures under the guard: the value and whether it was taken on a busy machine.
@@ -742,11 +744,11 @@ impl IdleGuard {
                 .is_some_and(|(others, total)| is_busy(others, total));
             GUARD_SAMPLES.fetch_add(1, Ordering::Relaxed);
             if !busy {
-                self.busy_streak = 0;
+                BUSY_STREAK.store(0, Ordering::Relaxed);
                 return Ok((value, false));
             }
-            self.busy_streak += 1;
-            if attempt == Self::RERUNS || self.busy_streak > Self::STREAK {
+            let streak = BUSY_STREAK.fetch_add(1, Ordering::Relaxed) + 1;
+            if attempt == Self::RERUNS || streak > Self::STREAK {
                 GUARD_BUSY.fetch_add(1, Ordering::Relaxed);
                 return Ok((value, true));
             }
