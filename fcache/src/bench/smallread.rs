@@ -182,6 +182,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     })?;
     retries.push(json!({"optimistic_retries": frozen.mapping_stats().optimistic_retries - before}));
     let samples = &rounds.samples;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     for (which, &(t, system)) in pairs.iter().enumerate() {
         let n = threads[t];
         let case = format!("threads={n}");
@@ -202,8 +203,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             busy,
         ));
         if system == KERNEL || system == SYSCALL {
-            // Each thread's time per operation.
-            let ns: Vec<f64> = samples[which].iter().map(|v| n as f64 / v * 1e9).collect();
+            // The time per operation on a CPU: threads beyond the CPUs only share them.
+            let busy_cpus = n.min(cpus) as f64;
+            let ns: Vec<f64> = samples[which].iter().map(|v| busy_cpus / v * 1e9).collect();
             report
                 .results
                 .push(Figure::new(&case, SYSTEMS[system], "ns/op", &ns, busy));
@@ -231,7 +233,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         let above: Vec<f64> = samples[k]
             .iter()
             .zip(&samples[f])
-            .map(|(kernel, floor)| n as f64 * 1e9 * (1.0 / kernel - 1.0 / floor))
+            .map(|(kernel, floor)| n.min(cpus) as f64 * 1e9 * (1.0 / kernel - 1.0 / floor))
             .collect();
         report.results.push(Figure::new(
             &case,
@@ -282,8 +284,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     report.notes.push(
         "Ratios between systems are medians of per-round ratios (both measured in the same \
          round), with their min–max; `ns_above_syscall` is the kernel's time per read minus a \
-         getppid's, per round: what the page cache costs beyond entering the kernel on this \
-         host."
+         getppid's, per round (CPU time: with more threads than CPUs, the threads share them): \
+         what the page cache costs beyond entering the kernel on this host."
             .into(),
     );
     report.plots.push(Plot {
