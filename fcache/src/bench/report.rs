@@ -802,7 +802,10 @@ pub(crate) fn interleaved<T>(
 ) -> Result<Rounds<T>, String> {
     let mut samples: Vec<Vec<T>> = (0..systems).map(|_| Vec::with_capacity(reps)).collect();
     let mut busy = vec![Vec::with_capacity(reps); systems];
-    wait_for_idle(Duration::from_secs(3));
+    // Up to 3 s for an idle machine, or a moment when it has been busy for a while already
+    // (waiting before every case would then only stretch the run).
+    let known_busy = BUSY_STREAK.load(Ordering::Relaxed) > IdleGuard::STREAK;
+    wait_for_idle(Duration::from_millis(if known_busy { 300 } else { 3000 }));
     for k in 0..systems {
         measure(k)?;
     }
