@@ -534,17 +534,17 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
 pub(crate) fn summary(report: &Report) -> Vec<Row> {
     let mut rows = Vec::new();
     let pct = |f: Option<&Figure>| f.map(|f| format!("{:.1}%", f.median));
-    for (case, goal) in [("hot+scan", Some(90.0)), ("shift", None)] {
+    for (case, set, goal) in [
+        ("hot+scan", "hot-set", Some(90.0)),
+        ("shift", "new-set", None),
+    ] {
         let Some(ws) = report.figure(case, "workingset", HOT_METRIC) else {
             continue;
         };
-        let mut row = Row::new(
-            "reclaim",
-            format!("{case}: hot-set hits, clock → workingset"),
-        )
-        .before(pct(report.figure(case, "clock", HOT_METRIC)))
-        .after(pct(Some(ws)))
-        .ratio(Spread::of(ws, Unit::Points));
+        let mut row = Row::new("reclaim", format!("{case}: {set} hits, clock → workingset"))
+            .before(pct(report.figure(case, "clock", HOT_METRIC)))
+            .after(pct(Some(ws)))
+            .ratio(Spread::of(ws, Unit::Points));
         if let Some(goal) = goal {
             row = row.at_least(goal);
         }
