@@ -465,14 +465,11 @@ impl Mapping {
                     // A gap at the start, found by the first load or by a retry after the
                     // folio there was removed: measure it in this same walk, so the caller
                     // skips exactly the gap (and not the data after it).
-                    batch.gap_end = loop {
-                        if cursor.next_pos().is_none_or(|next| next > last) {
-                            break None;
-                        }
-                        if holds_data(cursor.load_next()) {
-                            break Some(cursor.first().max(start));
-                        }
-                    };
+                    // A memory file's fallocated range is a run of zeros folios, one entry per
+                    // folio: `seek` scans each leaf in place rather than loading entry by entry.
+                    batch.gap_end = cursor
+                        .seek(last, |entry| holds_data(Some(entry)))
+                        .map(|first| first.max(start));
                 }
                 break;
             };

@@ -4,7 +4,9 @@
 //! per index walk ([`Mapping::get_read_batch`]); copy uptodate folios; for holes and folios
 //! that are not uptodate, remember a pending *zero run* and clear the destination in one
 //! `fill` when the run ends, however many folios and holes it spans. A hole is measured in the
-//! same index walk that found it ([`FolioBatch::gap_end`]), skipping empty slots whole.
+//! same index walk that found it ([`FolioBatch::gap_end`]), skipping empty slots whole, and a
+//! memory file's run of fallocated (zeros) folios a leaf at a time
+//! ([`Cursor::seek`](crate::raw::Cursor::seek)).
 //!
 //! A small read (at most [`SMALL_READ_MAX`] bytes in one page) first tries the optimistic path
 //! ([`SmallReadPolicy::Optimistic`]): no reference taken, nothing shared written.

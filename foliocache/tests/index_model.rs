@@ -530,6 +530,31 @@ impl Harness {
             .find(|&i| !self.model.is_folio(i))
             .unwrap_or_else(|| at.checked_sub(max).unwrap_or(u64::MAX));
         assert_eq!(prev, want_prev, "prev_miss({at}, {max})");
+        // seek: from the entry (or hole) at `at`, the first folio without the zeros flag that
+        // starts after it, up to `last`.
+        let last = at.saturating_add(max);
+        let data = |e: Entry| matches!(e, Entry::Folio { zeros: false, .. });
+        let mut cursor = self.index.cursor();
+        cursor.load(at);
+        let got = cursor.seek(last, data);
+        let want = self
+            .model
+            .cells
+            .values()
+            .filter_map(|c| match *c {
+                Cell::Folio { id, order, first } if data(fe(id, order)) => Some(first),
+                _ => None,
+            })
+            .filter(|&first| first > at && first <= last)
+            .min();
+        assert_eq!(got, want, "seek after {at} up to {last}");
+        if let Some(first) = got {
+            assert_eq!(cursor.first(), first);
+            assert!(
+                cursor.reload().is_some_and(data),
+                "the cursor is left on the entry"
+            );
+        }
     }
 }
 
@@ -750,4 +775,67 @@ fn marks_follow_removal_truncation_and_growth() {
         w.check_invariants().unwrap();
         assert_eq!(w.next_marked(0, u64::MAX, Mark::Dirty), None);
     }
+}
+
+#[test]
+fn seek_passes_over_zeros_folios_across_leaves() {
+    let index = Index::new();
+    let zeros = |id| Entry::Folio {
+        id,
+        order: 0,
+        zeros: true,
+    };
+    let data = |id| Entry::Folio {
+        id,
+        order: 0,
+        zeros: false,
+    };
+    let mut w = index.lock();
+    // Zeros folios 0..200 (over three leaf boundaries), a data folio at 200, zeros again at
+    // 201, a shadow value at 202, data at 203 and an order-2 data folio at 204..208.
+    for i in 0..200 {
+        w.insert(i, zeros(i as u32)).unwrap();
+    }
+    w.insert(200, data(500)).unwrap();
+    w.insert(201, zeros(501)).unwrap();
+    w.insert(202, Entry::Value { value: 9, order: 0 }).unwrap();
+    w.insert(203, data(502)).unwrap();
+    w.insert(
+        204,
+        Entry::Folio {
+            id: 504,
+            order: 2,
+            zeros: false,
+        },
+    )
+    .unwrap();
+    // Zeros to the end of that leaf, and data at the first index of the next one.
+    for i in 208..256 {
+        w.insert(i, zeros(i as u32)).unwrap();
+    }
+    w.insert(256, data(600)).unwrap();
+    drop(w);
+    let wanted = |e: Entry| matches!(e, Entry::Folio { zeros: false, .. });
+    let mut cursor = index.cursor();
+    cursor.load(0);
+    assert_eq!(cursor.seek(199, wanted), None, "the gap runs to the bound");
+    cursor.load(0);
+    assert_eq!(cursor.seek(1000, wanted), Some(200));
+    assert_eq!(
+        cursor.seek(1000, wanted),
+        Some(203),
+        "past zeros and a value"
+    );
+    assert_eq!(cursor.seek(1000, wanted), Some(204));
+    assert_eq!(cursor.reload(), index.load(206));
+    assert_eq!(cursor.seek(255, wanted), None);
+    cursor.load(204);
+    assert_eq!(cursor.seek(1000, wanted), Some(256), "a leaf's first index");
+    assert_eq!(cursor.seek(1000, wanted), None);
+    cursor.load(130);
+    assert_eq!(
+        cursor.seek(200, wanted),
+        Some(200),
+        "the bound is inclusive"
+    );
 }

@@ -10,6 +10,7 @@
 
 use super::BenchArgs;
 use super::report::{Figure, Placement, Plot, Report, interleaved, run_threads};
+use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::refcount::RefCount;
 use foliocache::raw::{self, NewFolio};
 use foliocache::{Cache, Policy, RefcountPolicy};
@@ -160,14 +161,14 @@ fn index_metadata(report: &mut Report, sizes: &Sizes, bar: &ProgressBar) -> Resu
             "foliocache",
             "index_bytes_per_page",
             &[per_page],
-            false,
+            0,
         ));
         report.results.push(Figure::new(
             &case,
             "foliocache",
             "percent_of_data",
             &[per_page / 4096.0 * 100.0],
-            false,
+            0,
         ));
         counters.push(json!({"case": case, "cached_pages": stats.cached_pages, "index_nodes": stats.index_nodes}));
         bar.inc(1);
@@ -180,7 +181,7 @@ fn index_metadata(report: &mut Report, sizes: &Sizes, bar: &ProgressBar) -> Resu
 fn try_get_put(policy: RefcountPolicy, threads: usize, time: Duration) -> f64 {
     let count = RefCount::new_free(policy);
     count.init();
-    let work = |stop: &AtomicBool| -> u64 {
+    let work = |_thread: usize, stop: &AtomicBool| -> u64 {
         let mut n = 0u64;
         while !stop.load(Ordering::Relaxed) {
             for _ in 0..256 {
@@ -204,15 +205,25 @@ fn refcount(
 ) -> Result<(), String> {
     for &t in threads {
         bar.set_message(format!("try_get+put, {t} thread(s)"));
-        let (samples, busy) = interleaved(reps, 2, bar, |which| {
+        let rounds = interleaved(reps, 2, bar, |which| {
             Ok(try_get_put(POLICIES[which].1, t, sizes.case_time))
         })?;
         let case = format!("try_get+put/threads={t}");
         for (which, (name, _)) in POLICIES.iter().enumerate() {
-            report
-                .results
-                .push(Figure::new(&case, name, "Mops/s", &samples[which], busy));
+            report.results.push(Figure::new(
+                &case,
+                name,
+                "Mops/s",
+                &rounds.samples[which],
+                rounds.busy_count(which),
+            ));
         }
+        report.paired(
+            &case,
+            (POLICIES[0].0, &rounds.samples[0]),
+            (POLICIES[1].0, &rounds.samples[1]),
+            rounds.busy_rounds(&[0, 1]),
+        );
     }
     Ok(())
 }
@@ -254,7 +265,7 @@ fn lookup_hit(
             }
         }
     }
-    let (samples, busy) = interleaved(reps, 2, bar, |which| {
+    let rounds = interleaved(reps, 2, bar, |which| {
         let file = &files[which];
         let start = Instant::now();
         let mut n = 0u64;
@@ -274,8 +285,8 @@ fn lookup_hit(
             "lookup-hit",
             name,
             "ns/op",
-            &samples[which],
-            busy,
+            &rounds.samples[which],
+            rounds.busy_count(which),
         ));
     }
     Ok(())
@@ -295,7 +306,7 @@ fn insertion(
         .map_err(|e| e.to_string())?;
     let variants = ["foliocache/insert_range", "foliocache/one-by-one"];
     let mut locks = [0u64; 2];
-    let (samples, busy) = interleaved(reps, 2, bar, |which| {
+    let rounds = interleaved(reps, 2, bar, |which| {
         let mut timed = Duration::ZERO;
         for _ in 0..sizes.insert_runs {
             // Fresh folios every run (a folio that was cached cannot go in again); allocating
@@ -331,16 +342,53 @@ fn insertion(
             "insert/32-folio-run",
             name,
             "ns/folio",
-            &samples[which],
-            busy,
+            &rounds.samples[which],
+            rounds.busy_count(which),
         ));
         report.results.push(Figure::new(
             "insert/32-folio-run",
             name,
             "locks_per_run",
             &[locks[which] as f64],
-            false,
+            0,
         ));
     }
     Ok(())
+}
+
+/// The summary's rows: the refcount protocol alone (seed 002's change without the read path
+/// around it) and batched insertion's lock holds (seed 000's).
+pub(crate) fn summary(report: &Report) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let case = "try_get+put/threads=2";
+    if let Some(paired) =
+        report.figure(case, "foliocache/frozen-bit÷foliocache/cas", "paired_ratio")
+    {
+        let frozen = report.figure(case, POLICIES[0].0, "Mops/s");
+        let cas = report.figure(case, POLICIES[1].0, "Mops/s");
+        rows.push(
+            Row::new("core", "try_get+put, 2 threads: frozen-bit vs cas")
+                .before(value(cas, 1.0, "M/s"))
+                .after(value(frozen, 1.0, "M/s"))
+                .ratio(Spread::of(paired, Unit::Times))
+                .at_least(1.0)
+                .busy_from(&[frozen, cas]),
+        );
+    }
+    let insert = "insert/32-folio-run";
+    let (range, single) = (
+        report.figure(insert, "foliocache/insert_range", "ns/folio"),
+        report.figure(insert, "foliocache/one-by-one", "ns/folio"),
+    );
+    if let (Some(r), Some(s)) = (range, single) {
+        rows.push(
+            Row::new("core", "insert 32 folios: 1 lock hold vs 32 (ns)")
+                .before(value(single, 1.0, "ns"))
+                .after(value(range, 1.0, "ns"))
+                .ratio(Spread::single(r.median / s.median, Unit::Times))
+                .goal("≤ 1.00×", r.median <= s.median)
+                .busy_from(&[range, single]),
+        );
+    }
+    rows
 }

@@ -1,15 +1,23 @@
 //! Shared benchmark plumbing, following `shared/docs/BENCH.md`: both sides interleaved in one
-//! run, medians with min-max over repetitions, ratios of medians, an idle-machine guard, and
-//! results as a Markdown table, a JSON file and an SVG plot.
+//! run, medians with min-max over repetitions, ratios of medians and of rounds, an idle guard
+//! around every sample, and results as a Markdown table, a JSON file and an SVG plot per suite;
+//! a one-screen summary at the end of every run, and one HTML page of it all.
 
+mod compare;
 mod core;
 mod dbbench;
 mod exec;
+mod html;
+mod policies;
 mod readseq;
 mod reclaim;
 pub(crate) mod report;
 mod seqread;
 mod smallread;
+pub(crate) mod summary;
+
+use report::Report;
+use summary::Row;
 
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
@@ -71,15 +79,93 @@ pub(crate) struct BenchArgs {
     /// temporary directory). The files are deleted at the end.
     #[arg(long, value_name = "DIR")]
     pub(crate) dir: Option<PathBuf>,
-    /// Maximum readahead window in KiB for the disk suites (default 2048).
+    /// Maximum readahead window in KiB for the disk suites (default: the disk's own
+    /// `read_ahead_kb`, as the kernel uses it; 2048 when sysfs does not tell).
     #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(0..=1048576))]
     pub(crate) ra_kb: Option<u64>,
     /// Largest single read in KiB for the disk suites (default 128).
     #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(4..=65536))]
     pub(crate) request_kb: Option<u64>,
-    /// The ELF executable for the exec suite (default: this fcache binary).
+    /// The ELF executable for the exec suite (default: this fcache binary, and the Rust
+    /// toolchain's `librustc_driver` when one is found).
     #[arg(long, value_name = "PATH")]
     pub(crate) elf: Option<PathBuf>,
+    /// Print every suite's full tables (they are always written beside the JSON, as `.md`).
+    #[arg(long, short)]
+    pub(crate) verbose: bool,
+    /// Compare two runs instead of running: each a suite's JSON file or a results directory.
+    /// Shows each figure's change and whether it is beyond the runs' min-max spread.
+    #[arg(long, num_args = 2, value_names = ["OLD", "NEW"])]
+    pub(crate) compare: Option<Vec<PathBuf>>,
+}
+
+/// A suite: how it runs, and the rows it adds to the summary. A new suite is one line here.
+struct SuiteDef {
+    suite: Suite,
+    name: &'static str,
+    run: fn(&BenchArgs) -> Result<Report, String>,
+    summary: fn(&Report) -> Vec<Row>,
+    /// What the suite needs that a machine may lack (checked before running it with the
+    /// others).
+    prerequisites: Option<fn() -> Result<(), String>>,
+}
+
+const SUITES: &[SuiteDef] = &[
+    SuiteDef {
+        suite: Suite::Core,
+        name: "core",
+        run: core::run,
+        summary: core::summary,
+        prerequisites: None,
+    },
+    SuiteDef {
+        suite: Suite::Seqread,
+        name: "seqread",
+        run: seqread::run,
+        summary: seqread::summary,
+        prerequisites: None,
+    },
+    SuiteDef {
+        suite: Suite::Smallread,
+        name: "smallread",
+        run: smallread::run,
+        summary: smallread::summary,
+        prerequisites: None,
+    },
+    SuiteDef {
+        suite: Suite::Readseq,
+        name: "readseq",
+        run: readseq::run,
+        summary: readseq::summary,
+        prerequisites: None,
+    },
+    SuiteDef {
+        suite: Suite::Exec,
+        name: "exec",
+        run: exec::run,
+        summary: exec::summary,
+        prerequisites: None,
+    },
+    SuiteDef {
+        suite: Suite::Reclaim,
+        name: "reclaim",
+        run: reclaim::run,
+        summary: reclaim::summary,
+        prerequisites: None,
+    },
+    SuiteDef {
+        suite: Suite::Dbbench,
+        name: "dbbench",
+        run: dbbench::run,
+        summary: dbbench::summary,
+        prerequisites: Some(|| dbbench::prerequisites().map(|_| ())),
+    },
+];
+
+/// Rows in seed order (000, 001, ...), then the other suites' by name; a suite's own order is
+/// kept.
+fn seed_order(rows: &mut [Row]) {
+    rows.sort_by_key(|r| (!r.seed.chars().all(|c| c.is_ascii_digit()), r.seed.clone()));
 }
 
 impl BenchArgs {
@@ -89,40 +175,76 @@ impl BenchArgs {
     }
 }
 
-/// Runs the asked suites.
+/// Runs the asked suites (or the comparison), then prints the summary and writes
+/// `summary.json` and `index.html` into the output directory.
 pub(crate) fn run(args: &BenchArgs) -> Result<(), String> {
-    let suites = match args.suite {
-        Some(suite) => vec![suite],
-        None => Suite::value_variants().to_vec(),
-    };
+    if let Some(paths) = &args.compare {
+        return compare::run(&paths[0], &paths[1], args.verbose);
+    }
+    let suites: Vec<&SuiteDef> = SUITES
+        .iter()
+        .filter(|d| args.suite.is_none_or(|s| s == d.suite))
+        .collect();
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
-    for suite in &suites {
-        // Run as part of every suite, dbbench needs what a fresh machine may lack: it says so
-        // and the other suites go on. Asked for by name, a missing piece is an error.
-        if *suite == Suite::Dbbench
+    let mut reports = Vec::new();
+    let mut rows = Vec::new();
+    for def in &suites {
+        // A suite that needs what a fresh machine may lack (dbbench) says so and the others go
+        // on when every suite runs; asked for by name, a missing piece is an error.
+        if let Some(prerequisites) = def.prerequisites
             && args.suite.is_none()
-            && let Err(missing) = dbbench::prerequisites()
+            && let Err(missing) = prerequisites()
         {
-            println!("## fcache bench dbbench\n\nskipped: {missing}\n");
+            println!("{}: skipped: {missing}", def.name);
             continue;
         }
-        let report = match suite {
-            Suite::Core => core::run(args)?,
-            Suite::Seqread => seqread::run(args)?,
-            Suite::Smallread => smallread::run(args)?,
-            Suite::Readseq => readseq::run(args)?,
-            Suite::Exec => exec::run(args)?,
-            Suite::Reclaim => reclaim::run(args)?,
-            Suite::Dbbench => dbbench::run(args)?,
-        };
+        let mut report = (def.run)(args)?;
+        report.finish();
         let json_path = match (&args.json, suites.len()) {
             (Some(path), 1) => path.clone(),
             (Some(path), _) => with_suffix(path, report.suite),
             (None, _) => args.out.join(format!("{}.json", report.suite)),
         };
-        report.write(&json_path, &args.out)?;
+        report.write(&json_path, &args.out, args.verbose)?;
+        rows.extend((def.summary)(&report));
+        reports.push(report);
     }
+    seed_order(&mut rows);
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let summary_path = args.out.join("summary.json");
+    let text = serde_json::to_string_pretty(&serde_json::json!({
+        "command": command,
+        "machine": reports.first().map(|r| &r.machine),
+        "rows": rows,
+    }))
+    .map_err(|e| e.to_string())?;
+    std::fs::write(&summary_path, text)
+        .map_err(|e| format!("cannot write {}: {e}", summary_path.display()))?;
+    let md_path = args.out.join("summary.md");
+    std::fs::write(
+        &md_path,
+        format!(
+            "# fcache bench: summary\n\n`{command}`\n\n{}",
+            summary::markdown(&rows)
+        ),
+    )
+    .map_err(|e| format!("cannot write {}: {e}", md_path.display()))?;
+    let html_path = args.out.join("index.html");
+    std::fs::write(&html_path, html::page(&reports, &rows, &command))
+        .map_err(|e| format!("cannot write {}: {e}", html_path.display()))?;
+    if let Some(first) = reports.first() {
+        println!(
+            "\nSummary: `{command}`\n{}; mitigations: {}",
+            first.machine.line(),
+            first.machine.mitigations()
+        );
+    }
+    print!("{}", summary::render(&rows, summary::Style::for_stdout()));
+    println!(
+        "Full tables: --verbose, or the .md beside each JSON; all in one page: {}",
+        html_path.display()
+    );
     Ok(())
 }
 

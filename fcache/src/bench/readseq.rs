@@ -13,21 +13,27 @@
 //!   (`POSIX_FADV_DONTNEED`) before each repetition, and memory the size of the data set
 //!   touched and freed right before, so that the kernel is measured and not the hypervisor
 //!   handing back idle memory (`baselines.md` §8);
-//! * `device`: the ceiling, O_DIRECT sequential reads of the same files at 128 KiB and queue
-//!   depth 32 through io_uring, no cache; the files are read at once, one ring each (the
-//!   depth split between them), as the readers stream them, into huge-page memory that keeps
-//!   every byte (as a cache must);
+//! * `device`: the ceiling, O_DIRECT sequential reads of the same files through io_uring, no
+//!   cache, at the best request size and queue depth of a sweep run first (128 KiB to 4 MiB,
+//!   depth 8 and 32: the kernel issues requests up to its window); the files are read at once,
+//!   one ring each (the depth split between them), as the readers stream them, into huge-page
+//!   memory that keeps every byte (as a cache must);
 //! * `device/reused`: the same into 128 KiB buffers reused as reads complete (they stay in the
 //!   CPU caches, which this VM's disk, a host copy into guest memory, rewards);
 //! * `device/reused-4k-pages`: reused buffers of 4 KiB pages, one segment per page (what fio's
 //!   `malloc`ed buffers get, and what `baselines.md` §6 measured).
 //!
-//! The files hold their own byte offsets, so every record a system returns is checked.
-//! A second case runs the cache with a quarter of the data set as capacity (eviction on).
+//! The files hold their own byte offsets, so every record a system returns is checked. Every
+//! pass starts from a cold cache, and this is checked, not assumed: foliocache's files hold no
+//! page and the kernel's `mincore` and `cachestat` show none, or the run fails. Every pass
+//! also records the process's CPU time per GiB read: when all systems reach the device, CPU is
+//! what differs. A second case runs the cache with a quarter of the data set as capacity
+//! (eviction on).
 
 use super::BenchArgs;
-use super::report::{Figure, Plot, Ratio, Report, interleaved};
-use foliocache::raw::probe::{Buffers, concurrent_read};
+use super::report::{Figure, Plot, Report, interleaved};
+use super::summary::{Row, Spread, Unit, value};
+use foliocache::raw::probe::{Buffers, Probe};
 use foliocache::{Cache, InsertPolicy};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -260,23 +266,111 @@ fn drop_kernel_cache(paths: &[PathBuf]) -> Result<(), String> {
     Ok(())
 }
 
+/// Drops the kernel's cache of `paths` and checks it is gone: `mincore` shows no page and
+/// `cachestat` (where the kernel has it) counts none. A pass that would start warm fails.
+fn make_kernel_cold(paths: &[PathBuf]) -> Result<(), String> {
+    let mut left = Vec::new();
+    for attempt in 0..3 {
+        drop_kernel_cache(paths)?;
+        left.clear();
+        for path in paths {
+            let (resident, cached) = crate::radiff::kernel::cached_pages(path)?;
+            let pages = resident.max(cached.unwrap_or(0));
+            if pages > 0 {
+                left.push(format!("{}: {pages} pages", path.display()));
+            }
+        }
+        if left.is_empty() {
+            return Ok(());
+        }
+        // Pages under writeback or still referenced go a moment later.
+        std::thread::sleep(std::time::Duration::from_millis(20 << attempt));
+    }
+    Err(format!(
+        "readseq: the kernel still caches the data files after POSIX_FADV_DONTNEED ({}); \
+         the kernel pass would not start cold",
+        left.join(", ")
+    ))
+}
+
+/// Empties foliocache of every file of the run and checks the pass's `files` hold no page.
+fn make_cache_cold(
+    all: &[Vec<foliocache::File>],
+    files: &[foliocache::File],
+    paths: &[PathBuf],
+) -> Result<(), String> {
+    for attempt in 0..3 {
+        for file in all.iter().flatten() {
+            file.drop_cached(0, 0);
+        }
+        let left: Vec<String> = files
+            .iter()
+            .zip(paths)
+            .filter_map(|(f, p)| {
+                let pages: u64 = f.cached_ranges().iter().map(|r| r.pages).sum();
+                (pages > 0).then(|| format!("{}: {pages} pages", p.display()))
+            })
+            .collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        if attempt == 2 {
+            return Err(format!(
+                "readseq: foliocache still holds pages of the data files after drop_cached ({}); \
+                 the pass would not start cold",
+                left.join(", ")
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// CPU time of the whole process (all threads), in seconds.
+fn process_cpu() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// CPU time of the calling thread, in seconds.
+fn thread_cpu() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
+}
+
+/// One measurement of one system.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    ops_per_sec: f64,
+    mib_per_sec: f64,
+    /// p50, p75, p99 in µs (not for the device).
+    latency_us: [f64; 3],
+    /// CPU seconds the process used per GiB read.
+    cpu_s_per_gib: f64,
+}
+
+/// A device request shape: request bytes and queue depth in all (split between the files).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    block: usize,
+    depth: usize,
+}
+
+impl Shape {
+    fn name(self) -> String {
+        format!("{}k-qd{}", self.block >> 10, self.depth)
+    }
+}
+
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let dir = data_dir(args)?;
     // The same maximum window as the kernel uses on that disk, unless asked otherwise.
     let kernel_ra_kb = kernel_read_ahead_kb(&dir);
     let ra_kb = args.ra_kb.or(kernel_ra_kb).unwrap_or(2048);
-    let sizes = if args.full {
-        Sizes {
-            file: 1 << 30,
-            ra_bytes: ra_kb << 10,
-            request_bytes: (args.request_kb.unwrap_or(128) << 10) as usize,
-        }
-    } else {
-        Sizes {
-            file: 256 << 20,
-            ra_bytes: ra_kb << 10,
-            request_bytes: (args.request_kb.unwrap_or(128) << 10) as usize,
-        }
+    let sizes = Sizes {
+        file: if args.full { 1 << 30 } else { 256 << 20 },
+        ra_bytes: ra_kb << 10,
+        request_bytes: (args.request_kb.unwrap_or(128) << 10) as usize,
     };
     let threads_list: Vec<usize> = args
         .threads
@@ -296,6 +390,24 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     };
     let reps = args.reps();
     let max_threads = max_threads as usize;
+    // The device sweep: request sizes up to 4 MiB (the kernel issues requests up to its
+    // window, and this disk's max_sectors_kb is 4096) at two depths.
+    let sweep: Vec<Shape> = {
+        let blocks: &[usize] = if args.full {
+            &[128, 256, 512, 1024, 2048, 4096]
+        } else {
+            &[128, 512, 1024, 4096]
+        };
+        blocks
+            .iter()
+            .flat_map(|&kb| {
+                [8, 32].map(|depth| Shape {
+                    block: kb << 10,
+                    depth,
+                })
+            })
+            .collect()
+    };
     let mut report = Report::new(
         "readseq",
         json!({
@@ -304,16 +416,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "threads": threads_list,
             "reps": reps,
             "readahead_max_bytes": sizes.ra_bytes,
+            "readahead_max_from": if args.ra_kb.is_some() { "--ra-kb" } else if kernel_ra_kb.is_some() { "the disk's read_ahead_kb" } else { "default 2048 KiB (read_ahead_kb unknown)" },
             "kernel_read_ahead_kb": kernel_ra_kb,
             "request_bytes": sizes.request_bytes,
+            "device_sweep": sweep.iter().map(|s| s.name()).collect::<Vec<_>>(),
             "folio_order": "0 (batched, single); ramp up to 9 (large-folios)",
-            "kernel_release": std::fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|r| r.trim().to_string())
-                .ok(),
             "dir": dir.display().to_string(),
         }),
     );
-    let steps = threads_list.len() * (SYSTEMS.len() + 2) * reps;
+    let steps = threads_list.len() * ((SYSTEMS.len() + 2) * reps + sweep.len());
     let bar = ProgressBar::new(steps as u64).with_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
@@ -322,9 +433,44 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     bar.set_prefix("readseq");
     let files = DataFiles::create(&dir, max_threads, sizes.file, &bar)?;
     let mut counters = serde_json::Map::new();
+    let mut cold_checks = 0usize;
     for &threads in &threads_list {
         let paths = &files.paths[..threads];
         let data = threads as u64 * sizes.file;
+        // The device's best shape, swept once per thread count; the rotation then measures it
+        // in every round beside the systems.
+        bar.set_message(format!("threads={threads}: device sweep"));
+        let mut best: Option<(Shape, f64)> = None;
+        for &shape in &sweep {
+            settle();
+            let (rate, cpu) = device_read(paths, shape, Buffers::Keep)?;
+            let mibs = rate / f64::from(1 << 20);
+            report.results.push(Figure::new(
+                &format!("threads={threads}/device-sweep"),
+                &format!("device/{}", shape.name()),
+                "MiB/s",
+                &[mibs],
+                0,
+            ));
+            report.results.push(Figure::new(
+                &format!("threads={threads}/device-sweep"),
+                &format!("device/{}", shape.name()),
+                "cpu_s_per_GiB",
+                &[cpu / (data as f64 / f64::from(1u32 << 30))],
+                0,
+            ));
+            if best.is_none_or(|(_, b)| mibs > b) {
+                best = Some((shape, mibs));
+            }
+            bar.inc(1);
+        }
+        let device_shape = best.map_or(
+            Shape {
+                block: 128 << 10,
+                depth: 32,
+            },
+            |(s, _)| s,
+        );
         for over in [false, true] {
             let case = if over {
                 format!("threads={threads}/over-capacity")
@@ -370,17 +516,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             // The over-capacity case compares the two insertion policies under eviction; the
             // kernel and the device have no such limit and are measured in the first case.
             let systems = if over { SINGLE + 1 } else { SYSTEMS.len() };
-            let mut latencies: Vec<Vec<[f64; 3]>> = vec![Vec::new(); systems];
-            let mut rates: Vec<Vec<f64>> = vec![Vec::new(); systems];
             let mut windows = [(0u64, 0u64); FOLIOCACHE.len()];
-            let (samples, busy) = interleaved(reps, systems, &bar, |which| {
+            let gib = data as f64 / f64::from(1u32 << 30);
+            let rounds = interleaved(reps, systems, &bar, |which| {
                 settle();
-                let done = match which {
+                let (done, cpu) = match which {
                     BATCHED | SINGLE | LARGE => {
                         let files = &opened[which];
-                        for file in opened.iter().flatten() {
-                            file.drop_cached(0, 0);
-                        }
+                        make_cache_cold(&opened, files, paths)?;
+                        cold_checks += 1;
                         foliocache::raw::drain_cpu_caches(&cache);
                         let locks0: u64 = files
                             .iter()
@@ -391,10 +535,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                             .iter()
                             .map(|f| std::sync::Mutex::new(f.handle()))
                             .collect();
+                        let cpu0 = process_cpu();
                         let done = pass(threads, sizes.file, &|t, at, buf| {
-                            let mut handle = handles[t].lock().map_err(|e| e.to_string())?;
+                            let mut handle = handle_of(&handles, t)?;
                             handle.read_at(buf, at).map_err(|e| e.to_string())
                         })?;
+                        let cpu = process_cpu() - cpu0;
                         let locks1: u64 = files
                             .iter()
                             .map(|f| f.mapping_stats().lock_acquisitions)
@@ -402,16 +548,19 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         let win1: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
                         windows[which].0 += locks1 - locks0;
                         windows[which].1 += win1 - win0;
-                        done
+                        (done, cpu)
                     }
                     KERNEL => {
-                        drop_kernel_cache(paths)?;
+                        make_kernel_cold(paths)?;
+                        cold_checks += 1;
                         // Touch and free memory the size of the data set, so the kernel's fill
                         // finds host-resident memory (`baselines.md` §8).
                         drop(super::touched_buffer(data as usize));
-                        pass(threads, sizes.file, &|t, at, buf| {
+                        let cpu0 = process_cpu();
+                        let done = pass(threads, sizes.file, &|t, at, buf| {
                             kernel_files[t].read_at(buf, at).map_err(|e| e.to_string())
-                        })?
+                        })?;
+                        (done, process_cpu() - cpu0)
                     }
                     _ => {
                         let buffers = match which {
@@ -419,76 +568,68 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                             REUSED => Buffers::Reused,
                             _ => Buffers::ReusedSmallPages,
                         };
-                        let rate = device_read(paths, buffers)?;
-                        rates[which].push(rate);
-                        return Ok(rate / RECORD as f64);
+                        let (rate, cpu) = device_read(paths, device_shape, buffers)?;
+                        return Ok(Sample {
+                            ops_per_sec: rate / RECORD as f64,
+                            mib_per_sec: rate / f64::from(1 << 20),
+                            latency_us: [f64::NAN; 3],
+                            cpu_s_per_gib: cpu / gib,
+                        });
                     }
                 };
-                rates[which].push(done.bytes_per_sec);
                 let q = |p: f64| done.latency.value_at_quantile(p) as f64 / 1000.0;
-                latencies[which].push([q(0.50), q(0.75), q(0.99)]);
-                Ok(done.ops_per_sec)
+                Ok(Sample {
+                    ops_per_sec: done.ops_per_sec,
+                    mib_per_sec: done.bytes_per_sec / f64::from(1 << 20),
+                    latency_us: [q(0.50), q(0.75), q(0.99)],
+                    cpu_s_per_gib: cpu / gib,
+                })
             })?;
-            for which in 0..systems {
-                let system = SYSTEMS[which];
-                // The warm-up round is the first of `rates`/`latencies`: drop it.
-                let keep = |v: &[f64]| v[v.len() - samples[which].len()..].to_vec();
-                let mibs: Vec<f64> = keep(&rates[which])
-                    .iter()
-                    .map(|r| r / f64::from(1 << 20))
-                    .collect();
-                report
-                    .results
-                    .push(Figure::new(&case, system, "MiB/s", &mibs, busy));
+            for (which, &system) in SYSTEMS.iter().enumerate().take(systems) {
+                let busy = rounds.busy_count(which);
+                let mut push = |metric: &str, f: &dyn Fn(&Sample) -> f64| {
+                    report.results.push(Figure::new(
+                        &case,
+                        system,
+                        metric,
+                        &rounds.metric(which, f),
+                        busy,
+                    ));
+                };
+                push("MiB/s", &|s| s.mib_per_sec);
+                push("cpu_s_per_GiB", &|s| s.cpu_s_per_gib);
                 if which >= DEVICE {
                     continue;
                 }
-                report
-                    .results
-                    .push(Figure::new(&case, system, "ops/s", &samples[which], busy));
-                let lat = &latencies[which][latencies[which].len() - samples[which].len()..];
-                for (k, metric) in ["p50_us", "p75_us", "p99_us"].into_iter().enumerate() {
-                    let v: Vec<f64> = lat.iter().map(|l| l[k]).collect();
-                    report
-                        .results
-                        .push(Figure::new(&case, system, metric, &v, busy));
-                }
+                push("ops/s", &|s| s.ops_per_sec);
+                push("p50_us", &|s| s.latency_us[0]);
+                push("p75_us", &|s| s.latency_us[1]);
+                push("p99_us", &|s| s.latency_us[2]);
             }
             // Ratios of each round's own pair (both measured minutes apart at most), whose
             // median is steadier than a ratio of medians when the disk's speed drifts.
-            let mut paired = |a: usize, b: usize| {
-                let mut r: Vec<f64> = samples[a]
-                    .iter()
-                    .zip(&samples[b])
-                    .map(|(x, y)| x / y)
-                    .collect();
-                r.sort_by(f64::total_cmp);
-                report.ratios.push(Ratio {
-                    case: case.clone(),
-                    what: format!(
-                        "{} / {} (ops/s, median of per-round ratios)",
-                        SYSTEMS[a], SYSTEMS[b]
-                    ),
-                    ratio: r[r.len() / 2],
-                });
-            };
-            paired(BATCHED, SINGLE);
+            let ops = |k: usize| rounds.metric(k, |s| s.ops_per_sec);
+            let mut pairs = vec![(BATCHED, SINGLE)];
             if !over {
-                paired(BATCHED, KERNEL);
-                paired(LARGE, KERNEL);
-            }
-            report.ratio(&case, "ops/s", SYSTEMS[BATCHED], SYSTEMS[SINGLE]);
-            if !over {
-                for (a, b) in [(BATCHED, KERNEL), (LARGE, KERNEL)] {
-                    report.ratio(&case, "ops/s", SYSTEMS[a], SYSTEMS[b]);
-                }
-                for (a, b) in [
+                pairs.extend([
+                    (BATCHED, KERNEL),
+                    (LARGE, KERNEL),
                     (BATCHED, DEVICE),
                     (LARGE, DEVICE),
                     (KERNEL, DEVICE),
-                    (REUSED, DEVICE),
-                    (REUSED, REUSED_4K),
-                ] {
+                ]);
+            }
+            for (a, b) in pairs {
+                report.paired(
+                    &case,
+                    (SYSTEMS[a], &ops(a)),
+                    (SYSTEMS[b], &ops(b)),
+                    rounds.busy_rounds(&[a, b]),
+                );
+            }
+            if !over {
+                // The buffer variants against the ceiling: ratios of medians (informative only).
+                for (a, b) in [(REUSED, DEVICE), (REUSED, REUSED_4K)] {
                     report.ratio(&case, "MiB/s", SYSTEMS[a], SYSTEMS[b]);
                 }
             }
@@ -517,32 +658,47 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 "reclaim (all)".into(),
                 json!(format!("{:?}", cache.reclaim_stats())),
             );
+            if !over {
+                per_case.insert("device_shape".into(), json!(device_shape.name()));
+            }
             counters.insert(case.clone(), serde_json::Value::Object(per_case));
         }
     }
     bar.finish_and_clear();
     drop(files);
+    counters.insert("cold_checks_passed".into(), json!(cold_checks));
     report.counters = serde_json::Value::Object(counters);
     report.notes.push(format!(
-        "Readahead: at most {} KiB per window; batched and single read in 4 KiB folios (a \
+        "Readahead: at most {} KiB per window ({}); batched and single read in 4 KiB folios (a \
          mapping without large folios, the path seed 000 batches), large-folios ramps the folio \
          order up to 2 MiB as the kernel does on ext4 since 6.16 (so large-folios / kernel is \
          the like-for-like ratio there); requests of at most {} KiB. The kernel side uses this \
-         disk's own read_ahead_kb ({}), which is also foliocache's window unless --ra-kb says \
-         otherwise. The over-capacity case gives the cache a quarter of the data \
-         set: eviction runs all along. device reads into huge-page memory that keeps every \
-         byte (the ceiling for a cache); device/reused into a few reused buffers that stay in \
-         the CPU caches (no cache can read that way); device/reused-4k-pages the same in 4 KiB \
-         pages, one segment per page.",
+         disk's own read_ahead_kb ({}). Every pass starts cold, checked: foliocache's files \
+         hold no page (`cached_ranges` empty) and the kernel's show none in `mincore` nor \
+         `cachestat` ({cold_checks} checks passed). The over-capacity case gives the cache a \
+         quarter of the data set: eviction runs all along. device: O_DIRECT reads at the best \
+         request size and depth of a sweep (128 KiB to 4 MiB, depth 8 and 32; the sweep's own \
+         figures are the `device-sweep` case) into huge-page memory that keeps every byte (the \
+         ceiling for a cache); device/reused into a few reused buffers that stay in the CPU \
+         caches (no cache can read that way); device/reused-4k-pages the same in 4 KiB pages. \
+         cpu_s_per_GiB: the process's CPU time over the pass (all threads, including the \
+         cache's completion thread) per GiB read; for the device, its reader threads' own. \
+         Ratios between systems are medians of per-round ratios (both in the same round) \
+         unless marked as ratios of medians.",
         sizes.ra_bytes >> 10,
+        if args.ra_kb.is_some() {
+            "--ra-kb"
+        } else {
+            "the disk's read_ahead_kb"
+        },
         sizes.request_bytes >> 10,
         kernel_ra_kb.map_or_else(|| "unknown".to_string(), |kb| format!("{kb} KiB"))
     ));
-    for metric in ["ops/s", "MiB/s"] {
+    for metric in ["ops/s", "MiB/s", "cpu_s_per_GiB"] {
         let cases: Vec<String> = report
             .results
             .iter()
-            .filter(|f| f.metric == metric)
+            .filter(|f| f.metric == metric && !f.case.ends_with("device-sweep"))
             .map(|f| f.case.clone())
             .fold(Vec::new(), |mut v, c| {
                 if !v.contains(&c) {
@@ -550,14 +706,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 }
                 v
             });
-        let (file, unit, scale) = if metric == "ops/s" {
-            (
+        let (file, unit, scale) = match metric {
+            "ops/s" => (
                 "readseq-ops.svg",
                 "thousand 8 KiB reads/s (all threads)",
                 1e3,
-            )
-        } else {
-            ("readseq-mibs.svg", "MiB/s (all threads)", 1.0)
+            ),
+            "MiB/s" => ("readseq-mibs.svg", "MiB/s (all threads)", 1.0),
+            _ => ("readseq-cpu.svg", "CPU seconds per GiB read", 1.0),
         };
         let groups = cases
             .iter()
@@ -583,14 +739,50 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     Ok(report)
 }
 
-/// The device ceiling: every file read at once, one thread and ring per file, 128 KiB O_DIRECT
-/// requests, queue depth 32 in all (split between the files), as the readers stream them. The
-/// buffers are mapped and faulted in before the threads start together.
-fn device_read(paths: &[PathBuf], buffers: Buffers) -> Result<f64, String> {
-    let depth = (32 / paths.len()).max(1);
-    let groups: Vec<Vec<&Path>> = paths.iter().map(|p| vec![p.as_path()]).collect();
-    let read = concurrent_read(&groups, 128 << 10, depth, buffers).map_err(|e| e.to_string())?;
-    Ok(read.bytes as f64 / read.elapsed.as_secs_f64())
+fn handle_of(
+    handles: &[std::sync::Mutex<foliocache::Handle>],
+    t: usize,
+) -> Result<std::sync::MutexGuard<'_, foliocache::Handle>, String> {
+    handles[t].lock().map_err(|e| e.to_string())
+}
+
+/// The device: every file read at once, one thread and ring per file, O_DIRECT requests of
+/// `shape.block` bytes, `shape.depth` in flight in all (split between the files), as the
+/// readers stream them. The buffers are mapped and faulted in before the threads start
+/// together. Returns bytes per second and the reader threads' CPU seconds.
+fn device_read(paths: &[PathBuf], shape: Shape, buffers: Buffers) -> Result<(f64, f64), String> {
+    let depth = (shape.depth / paths.len()).max(1);
+    let start_line = std::sync::Barrier::new(paths.len() + 1);
+    let (results, elapsed) = std::thread::scope(|s| {
+        let workers: Vec<_> = paths
+            .iter()
+            .map(|path| {
+                let start_line = &start_line;
+                s.spawn(move || {
+                    let probe = Probe::prepare(&[path.as_path()], shape.block, depth, buffers);
+                    // Wait even on failure, so the others are not left at the line.
+                    start_line.wait();
+                    let cpu0 = thread_cpu();
+                    let read = probe.and_then(Probe::run);
+                    read.map(|r| (r.bytes, thread_cpu() - cpu0))
+                })
+            })
+            .collect();
+        start_line.wait();
+        let start = Instant::now();
+        let results: Vec<_> = workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or(Err(foliocache::Error::NotADiskFile)))
+            .collect();
+        (results, start.elapsed())
+    });
+    let (mut bytes, mut cpu) = (0u64, 0.0);
+    for r in results {
+        let (b, c) = r.map_err(|e| e.to_string())?;
+        bytes += b;
+        cpu += c;
+    }
+    Ok((bytes as f64 / elapsed.as_secs_f64(), cpu))
 }
 
 fn build_cache(capacity: u64, ra_bytes: u64, request_bytes: usize) -> Result<Cache, String> {
@@ -601,4 +793,85 @@ fn build_cache(capacity: u64, ra_bytes: u64, request_bytes: usize) -> Result<Cac
         .readahead_bytes(ra_bytes)
         .build()
         .map_err(|e| e.to_string())
+}
+
+/// The summary's rows (seed 000), from the first thread count's case (`threads=2` by
+/// default).
+pub(crate) fn summary(report: &Report) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let Some(case) = report
+        .results
+        .iter()
+        .map(|f| f.case.as_str())
+        .find(|c| c.starts_with("threads=") && !c.contains('/'))
+    else {
+        return rows;
+    };
+    let mibs = |s: usize| report.figure(case, SYSTEMS[s], "MiB/s");
+    let paired = |a: usize, b: usize| {
+        report.figure(
+            case,
+            &format!("{}÷{}", SYSTEMS[a], SYSTEMS[b]),
+            "paired_ratio",
+        )
+    };
+    let cpu = |s: usize| {
+        value(
+            report.figure(case, SYSTEMS[s], "cpu_s_per_GiB"),
+            1.0,
+            "s/GiB",
+        )
+    };
+    if let Some(p) = paired(BATCHED, SINGLE) {
+        rows.push(
+            Row::new("000", "batched vs single insertion (MiB/s)")
+                .before(value(mibs(SINGLE), 1.0, ""))
+                .after(value(mibs(BATCHED), 1.0, ""))
+                .kernel(value(mibs(KERNEL), 1.0, ""))
+                .limit(value(mibs(DEVICE), 1.0, "device"))
+                .ratio(Spread::of(p, Unit::Times))
+                .at_least(1.0)
+                .busy_from(&[Some(p)]),
+        );
+    }
+    for (a, name, goal) in [
+        (BATCHED, "batched (4 KiB folios) vs kernel", 1.0),
+        (LARGE, "large folios vs kernel (like for like)", 1.0),
+    ] {
+        if let Some(p) = paired(a, KERNEL) {
+            rows.push(
+                Row::new("000", name)
+                    .after(value(mibs(a), 1.0, "MiB/s"))
+                    .kernel(value(mibs(KERNEL), 1.0, "MiB/s"))
+                    .ratio(Spread::of(p, Unit::Times))
+                    .at_least(goal)
+                    .busy_from(&[Some(p)]),
+            );
+        }
+    }
+    if let Some(p) = paired(BATCHED, DEVICE) {
+        rows.push(
+            Row::new("000", "batched: share of the device")
+                .after(value(mibs(BATCHED), 1.0, "MiB/s"))
+                .limit(value(mibs(DEVICE), 1.0, "MiB/s"))
+                .ratio(Spread::of(p, Unit::Percent))
+                .at_least(0.8)
+                .busy_from(&[Some(p)]),
+        );
+    }
+    if let (Some(b), Some(k)) = (
+        report.figure(case, SYSTEMS[BATCHED], "cpu_s_per_GiB"),
+        report.figure(case, SYSTEMS[KERNEL], "cpu_s_per_GiB"),
+    ) {
+        rows.push(
+            Row::new("000", "CPU s per GiB: batched vs kernel")
+                .before(cpu(SINGLE))
+                .after(cpu(BATCHED))
+                .kernel(cpu(KERNEL))
+                .limit(cpu(DEVICE))
+                .ratio(Spread::single(b.median / k.median, Unit::Times))
+                .busy_from(&[Some(b), Some(k)]),
+        );
+    }
+    rows
 }

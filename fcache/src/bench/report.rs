@@ -1,13 +1,20 @@
 //! Results: figures with medians and spread, the machine they ran on, and their output as a
-//! Markdown table, JSON and an SVG bar plot.
+//! Markdown table, JSON and an SVG bar plot; the rotation that measures systems interleaved and
+//! the idle guard that watches every sample (BENCH.md §1, §2 and §7).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+/// Figures keep their samples in the JSON when there are at most this many (enough for every
+/// suite's repetitions; `--compare` and scripts read them).
+const KEEP_SAMPLES: usize = 64;
+
 /// One figure: a metric of one system on one case, over repetitions.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Figure {
     pub(crate) case: String,
     pub(crate) system: String,
@@ -16,69 +23,240 @@ pub(crate) struct Figure {
     pub(crate) min: f64,
     pub(crate) max: f64,
     pub(crate) runs: usize,
-    /// Set when other work used the machine during a repetition (BENCH.md §7).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    /// Set when other work used the machine during at least one of the samples (BENCH.md §7).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) busy: bool,
+    /// How many of the samples were taken while the machine was busy (after re-runs).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) busy_samples: usize,
+    /// The samples themselves, in round order (when more than one and at most 64).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) samples: Vec<f64>,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's skip_serializing_if passes a reference
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl Figure {
-    pub(crate) fn new(case: &str, system: &str, metric: &str, samples: &[f64], busy: bool) -> Self {
+    /// A figure from its samples; `busy_samples` of them were taken on a busy machine.
+    pub(crate) fn new(
+        case: &str,
+        system: &str,
+        metric: &str,
+        samples: &[f64],
+        busy_samples: usize,
+    ) -> Self {
         assert!(!samples.is_empty());
         let mut sorted = samples.to_vec();
         sorted.sort_by(f64::total_cmp);
         let n = sorted.len();
-        let median = if n % 2 == 1 {
-            sorted[n / 2]
-        } else {
-            f64::midpoint(sorted[n / 2 - 1], sorted[n / 2])
-        };
         Self {
             case: case.into(),
             system: system.into(),
             metric: metric.into(),
-            median,
+            median: median_of_sorted(&sorted),
             min: sorted[0],
             max: sorted[n - 1],
             runs: n,
-            busy,
+            busy: busy_samples > 0,
+            busy_samples,
+            samples: if (2..=KEEP_SAMPLES).contains(&n) {
+                samples.to_vec()
+            } else {
+                Vec::new()
+            },
         }
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+fn median_of_sorted(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    if n % 2 == 1 {
+        sorted[n / 2]
+    } else {
+        f64::midpoint(sorted[n / 2 - 1], sorted[n / 2])
+    }
+}
+
+/// The median of `values` (NaN when empty).
+pub(crate) fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    median_of_sorted(&sorted)
+}
+
+/// The host: what the figures depend on besides the code. The CPU model, its microcode and the
+/// kernel's mitigations change what a syscall costs several-fold between hosts of the same kind
+/// (issue 17), so every report carries them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Machine {
     pub(crate) cpus: usize,
     pub(crate) cpu_model: String,
+    #[serde(default)]
+    pub(crate) microcode: String,
     pub(crate) kernel: String,
+    /// `uname -v`: the build, e.g. `#1 SMP PREEMPT_DYNAMIC ...`.
+    #[serde(default)]
+    pub(crate) kernel_build: String,
+    #[serde(default)]
+    pub(crate) memory_gib: f64,
+    /// `/sys/kernel/mm/transparent_hugepage/enabled`.
+    #[serde(default)]
+    pub(crate) thp: String,
+    /// `/sys/devices/system/cpu/vulnerabilities/*`, by name.
+    #[serde(default)]
+    pub(crate) vulnerabilities: BTreeMap<String, String>,
+}
+
+fn read_trimmed(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 impl Machine {
     pub(crate) fn probe() -> Self {
-        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let field = |name: &str| {
+            cpuinfo
+                .lines()
+                .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
+                .and_then(|l| l.split_once(':'))
+                .map_or_else(|| "unknown".to_string(), |(_, v)| v.trim().to_string())
+        };
+        let memory_gib = std::fs::read_to_string("/proc/meminfo")
             .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("model name"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|m| m.trim().to_string())
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<f64>().ok())
             })
-            .unwrap_or_else(|| "unknown".into());
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .map_or_else(|_| "unknown".into(), |s| s.trim().to_string());
+            .map_or(0.0, |kb| (kb / f64::from(1 << 20) * 10.0).round() / 10.0);
+        let mut vulnerabilities = BTreeMap::new();
+        if let Ok(dir) = std::fs::read_dir("/sys/devices/system/cpu/vulnerabilities") {
+            for entry in dir.flatten() {
+                if let Ok(text) = std::fs::read_to_string(entry.path()) {
+                    vulnerabilities.insert(
+                        entry.file_name().to_string_lossy().into_owned(),
+                        text.trim().to_string(),
+                    );
+                }
+            }
+        }
         Self {
             cpus: std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
-            cpu_model,
-            kernel,
+            cpu_model: field("model name"),
+            microcode: field("microcode"),
+            kernel: read_trimmed("/proc/sys/kernel/osrelease").unwrap_or_else(|| "unknown".into()),
+            kernel_build: read_trimmed("/proc/sys/kernel/version").unwrap_or_default(),
+            memory_gib,
+            thp: read_trimmed("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default(),
+            vulnerabilities,
+        }
+    }
+
+    /// The mitigations in force, one short entry per vulnerability that is not "Not affected"
+    /// (e.g. `spectre_v2: Retpolines`).
+    pub(crate) fn mitigations(&self) -> String {
+        let list: Vec<String> = self
+            .vulnerabilities
+            .iter()
+            .filter(|(_, v)| !v.starts_with("Not affected"))
+            .map(|(k, v)| {
+                let short = v
+                    .strip_prefix("Mitigation: ")
+                    .unwrap_or(v)
+                    .split([';', ',', '('])
+                    .next()
+                    .unwrap_or(v)
+                    .trim();
+                format!("{k}: {short}")
+            })
+            .collect();
+        if list.is_empty() {
+            "none reported".into()
+        } else {
+            list.join(", ")
+        }
+    }
+
+    /// One line: CPUs, model, microcode, kernel, memory.
+    pub(crate) fn line(&self) -> String {
+        format!(
+            "{} CPUs, {} (microcode {}), kernel {}, {} GiB, THP {}",
+            self.cpus, self.cpu_model, self.microcode, self.kernel, self.memory_gib, self.thp
+        )
+    }
+}
+
+/// How a ratio was formed. Both are honest; they answer different questions, and a table must
+/// say which one it shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum RatioKind {
+    /// The median of A over the median of B (no spread: the two medians may come from
+    /// different rounds).
+    RatioOfMedians,
+    /// The median of each round's own A / B, with the min-max over rounds: steadier when the
+    /// machine drifts between rounds.
+    MedianOfPairedRatios,
+}
+
+impl RatioKind {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Self::RatioOfMedians => "ratio of medians",
+            Self::MedianOfPairedRatios => "median of per-round ratios",
         }
     }
 }
 
-/// A ratio of two systems' medians, as the suites print it.
-#[derive(Debug, Clone, Serialize)]
+/// A ratio of two systems on one case, as the suites print it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Ratio {
     pub(crate) case: String,
     pub(crate) what: String,
     pub(crate) ratio: f64,
+    #[serde(default = "default_kind")]
+    pub(crate) kind: RatioKind,
+    /// The spread over rounds (paired ratios only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) min: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) max: Option<f64>,
+}
+
+fn default_kind() -> RatioKind {
+    RatioKind::RatioOfMedians
+}
+
+/// What the idle guard saw over one suite's run.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub(crate) struct GuardStats {
+    /// Samples taken under the guard.
+    pub(crate) samples: usize,
+    /// Samples measured again because the machine was busy during them.
+    pub(crate) reruns: usize,
+    /// Samples kept although the machine was busy (flagged in the figures).
+    pub(crate) busy: usize,
+}
+
+static GUARD_SAMPLES: AtomicUsize = AtomicUsize::new(0);
+static GUARD_RERUNS: AtomicUsize = AtomicUsize::new(0);
+static GUARD_BUSY: AtomicUsize = AtomicUsize::new(0);
+
+fn guard_snapshot() -> GuardStats {
+    GuardStats {
+        samples: GUARD_SAMPLES.load(Ordering::Relaxed),
+        reruns: GUARD_RERUNS.load(Ordering::Relaxed),
+        busy: GUARD_BUSY.load(Ordering::Relaxed),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -90,10 +268,17 @@ pub(crate) struct Report {
     pub(crate) results: Vec<Figure>,
     pub(crate) ratios: Vec<Ratio>,
     pub(crate) counters: serde_json::Value,
+    /// The idle guard over this suite's samples.
+    pub(crate) idle_guard: GuardStats,
+    /// Seconds the suite took.
+    pub(crate) seconds: f64,
     #[serde(skip)]
     pub(crate) plots: Vec<Plot>,
-    #[serde(skip)]
     pub(crate) notes: Vec<String>,
+    #[serde(skip)]
+    guard_start: GuardStats,
+    #[serde(skip)]
+    started: Option<Instant>,
 }
 
 /// A grouped bar chart: groups along x, one bar per series in each group.
@@ -115,8 +300,12 @@ impl Report {
             results: Vec::new(),
             ratios: Vec::new(),
             counters: serde_json::Value::Null,
+            idle_guard: GuardStats::default(),
+            seconds: 0.0,
             plots: Vec::new(),
             notes: Vec::new(),
+            guard_start: guard_snapshot(),
+            started: Some(Instant::now()),
         }
     }
 
@@ -126,7 +315,7 @@ impl Report {
             .find(|f| f.case == case && f.system == system && f.metric == metric)
     }
 
-    /// Records `a / b` of two systems' medians on one case and metric.
+    /// Records `a / b` of two systems' medians on one case and metric (a ratio of medians).
     pub(crate) fn ratio(&mut self, case: &str, metric: &str, a: &str, b: &str) {
         if let (Some(x), Some(y)) = (self.figure(case, a, metric), self.figure(case, b, metric)) {
             let ratio = x.median / y.median;
@@ -134,20 +323,65 @@ impl Report {
                 case: case.into(),
                 what: format!("{a} / {b} ({metric})"),
                 ratio,
+                kind: RatioKind::RatioOfMedians,
+                min: None,
+                max: None,
             });
         }
     }
 
-    /// The Markdown the suite prints.
+    /// Records each round's `a[r] / b[r]` as a figure (`{a}÷{b}`, metric `paired_ratio`) and
+    /// their median with its spread as a ratio. `busy_rounds` of the rounds had a busy sample.
+    /// Returns the figure's median.
+    pub(crate) fn paired(
+        &mut self,
+        case: &str,
+        (a, a_samples): (&str, &[f64]),
+        (b, b_samples): (&str, &[f64]),
+        busy_rounds: usize,
+    ) -> f64 {
+        let ratios: Vec<f64> = a_samples
+            .iter()
+            .zip(b_samples)
+            .map(|(x, y)| x / y)
+            .collect();
+        if ratios.is_empty() {
+            return f64::NAN;
+        }
+        let figure = Figure::new(
+            case,
+            &format!("{a}÷{b}"),
+            "paired_ratio",
+            &ratios,
+            busy_rounds,
+        );
+        let median = figure.median;
+        self.ratios.push(Ratio {
+            case: case.into(),
+            what: format!("{a} / {b}"),
+            ratio: median,
+            kind: RatioKind::MedianOfPairedRatios,
+            min: Some(figure.min),
+            max: Some(figure.max),
+        });
+        self.results.push(figure);
+        median
+    }
+
+    /// The Markdown the suite prints with `--verbose` and writes beside its JSON.
     pub(crate) fn markdown(&self) -> String {
         let mut out = String::new();
         let m = &self.machine;
         let _ = writeln!(out, "## fcache bench {}\n", self.suite);
         let _ = writeln!(out, "`{}`  ", self.command);
+        let _ = writeln!(out, "machine: {}  ", m.line());
+        let _ = writeln!(out, "kernel build: {}  ", m.kernel_build);
+        let _ = writeln!(out, "mitigations: {}  ", m.mitigations());
+        let g = &self.idle_guard;
         let _ = writeln!(
             out,
-            "machine: {} CPUs, {}, kernel {}  ",
-            m.cpus, m.cpu_model, m.kernel
+            "idle guard: {} samples checked, {} re-run on a busy machine, {} kept busy (⚠ below)  ",
+            g.samples, g.reruns, g.busy
         );
         let _ = writeln!(out, "sizes: {}\n", self.sizes);
         let _ = writeln!(
@@ -156,7 +390,11 @@ impl Report {
         );
         let _ = writeln!(out, "|---|---|---|---:|---:|---:|");
         for f in &self.results {
-            let flag = if f.busy { " ⚠ busy" } else { "" };
+            let flag = if f.busy {
+                format!(" ⚠ {} busy", f.busy_samples.max(1))
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} | {} – {} | {}{} |",
@@ -171,13 +409,30 @@ impl Report {
             );
         }
         if !self.ratios.is_empty() {
-            let _ = writeln!(out, "\n| case | ratio of medians | value |");
-            let _ = writeln!(out, "|---|---|---:|");
+            let _ = writeln!(out, "\n| case | ratio | kind | value | min – max |");
+            let _ = writeln!(out, "|---|---|---|---:|---:|");
             for r in &self.ratios {
+                let spread = match (r.min, r.max) {
+                    (Some(lo), Some(hi)) => format!("{lo:.2} – {hi:.2}"),
+                    _ => String::new(),
+                };
                 if r.ratio.is_finite() {
-                    let _ = writeln!(out, "| {} | {} | {:.2}× |", r.case, r.what, r.ratio);
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {} | {:.2}× | {spread} |",
+                        r.case,
+                        r.what,
+                        r.kind.label(),
+                        r.ratio
+                    );
                 } else {
-                    let _ = writeln!(out, "| {} | {} | n/a (divisor is 0) |", r.case, r.what);
+                    let _ = writeln!(
+                        out,
+                        "| {} | {} | {} | n/a (divisor is 0) | |",
+                        r.case,
+                        r.what,
+                        r.kind.label()
+                    );
                 }
             }
         }
@@ -190,23 +445,64 @@ impl Report {
         out
     }
 
-    /// Prints the table and writes the JSON and the plots.
-    pub(crate) fn write(&self, json: &Path, plot_dir: &Path) -> Result<(), String> {
-        println!("{}", self.markdown());
+    /// Closes the report: the idle guard's counts and the time taken since [`Report::new`].
+    pub(crate) fn finish(&mut self) {
+        let now = guard_snapshot();
+        self.idle_guard = GuardStats {
+            samples: now.samples - self.guard_start.samples,
+            reruns: now.reruns - self.guard_start.reruns,
+            busy: now.busy - self.guard_start.busy,
+        };
+        if let Some(started) = self.started.take() {
+            self.seconds = started.elapsed().as_secs_f64();
+        }
+    }
+
+    /// Writes the JSON, the Markdown beside it and the plots; prints the Markdown when
+    /// `verbose`, else one line per file.
+    pub(crate) fn write(&self, json: &Path, plot_dir: &Path, verbose: bool) -> Result<(), String> {
+        let markdown = self.markdown();
+        if verbose {
+            println!("{markdown}");
+        }
         if let Some(parent) = json.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent)
                 .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
         }
         let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
         std::fs::write(json, text).map_err(|e| format!("cannot write {}: {e}", json.display()))?;
-        println!("JSON: {}", json.display());
+        let md = json.with_extension("md");
+        std::fs::write(&md, &markdown)
+            .map_err(|e| format!("cannot write {}: {e}", md.display()))?;
+        let mut plots = Vec::new();
         for plot in &self.plots {
             let path = plot_dir.join(&plot.file);
-            std::fs::write(&path, svg_bars(plot))
+            std::fs::write(&path, svg_bars(plot, true))
                 .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-            println!("plot: {}", path.display());
+            plots.push(path.display().to_string());
         }
+        let busy = self.results.iter().filter(|f| f.busy).count();
+        println!(
+            "{}: {:.0} s, {} figures{} -> {}, {}{}{}",
+            self.suite,
+            self.seconds,
+            self.results.len(),
+            if busy > 0 {
+                format!(" ({busy} with samples from a busy machine)")
+            } else {
+                String::new()
+            },
+            json.display(),
+            md.display(),
+            if plots.is_empty() { "" } else { ", " },
+            plots.join(", ")
+        );
         Ok(())
+    }
+
+    /// The plots as inline SVG (for the HTML page).
+    pub(crate) fn inline_svgs(&self) -> Vec<String> {
+        self.plots.iter().map(|p| svg_bars(p, false)).collect()
     }
 }
 
@@ -226,8 +522,9 @@ pub(crate) fn fmt(x: f64) -> String {
     }
 }
 
-/// A grouped bar chart as a standalone SVG.
-fn svg_bars(plot: &Plot) -> String {
+/// A grouped bar chart as SVG: a standalone file (with its XML namespace), or an element to
+/// inline in an HTML page (which needs none).
+fn svg_bars(plot: &Plot, standalone: bool) -> String {
     const COLORS: [&str; 6] = [
         "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1",
     ];
@@ -256,7 +553,12 @@ fn svg_bars(plot: &Plot) -> String {
     let mut svg = String::new();
     let _ = writeln!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">"#
+        r#"<svg{} width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="12">"#,
+        if standalone {
+            r#" xmlns="http://www.w3.org/2000/svg""#
+        } else {
+            ""
+        }
     );
     let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
@@ -346,70 +648,179 @@ fn nice_ceiling(x: f64) -> f64 {
         .unwrap_or(10.0 * power)
 }
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+        .replace('"', "&quot;")
 }
 
-/// CPU time used by other processes, as a share of the whole machine, over `window`.
-/// `None` when /proc is unreadable.
-pub(crate) fn others_busy(window: Duration) -> Option<f64> {
-    fn total_and_idle() -> Option<(u64, u64)> {
+/// CPU time counters: the whole machine's (`/proc/stat`) and this process's (all its threads,
+/// `/proc/self/stat`), in clock ticks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CpuTicks {
+    /// user + nice + system + steal of all CPUs: time not ours is someone else's (steal is the
+    /// hypervisor running another guest on our vCPU).
+    used: u64,
+    /// Everything: used + idle + iowait + irq + softirq.
+    total: u64,
+    /// This process's user + system, its waited-for children's included.
+    own: u64,
+}
+
+impl CpuTicks {
+    pub(crate) fn now() -> Option<Self> {
         let stat = std::fs::read_to_string("/proc/stat").ok()?;
-        let cpu = stat.lines().next()?;
-        let v: Vec<u64> = cpu
+        let v: Vec<u64> = stat
+            .lines()
+            .next()?
             .split_whitespace()
             .skip(1)
             .filter_map(|x| x.parse().ok())
             .collect();
-        let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-        Some((v.iter().take(8).sum(), idle))
-    }
-    fn own() -> Option<u64> {
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        let after = stat.rsplit(')').next()?;
+        let at = |k: usize| v.get(k).copied().unwrap_or(0);
+        // user nice system idle iowait irq softirq steal. Interrupts are left out of "used":
+        // they are mostly our own I/O completing.
+        let used = at(0) + at(1) + at(2) + at(7);
+        let total = (0..8).map(at).sum();
+        let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        let after = own_stat.rsplit(')').next()?;
         let f: Vec<&str> = after.split_whitespace().collect();
-        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        // utime, stime, and cutime, cstime: children we waited for (a db_bench run) are ours.
+        let own = (11..=14)
+            .map(|k| f.get(k).and_then(|v| v.parse::<u64>().ok()))
+            .sum::<Option<u64>>()?;
+        Some(Self { used, total, own })
     }
-    let (t0, i0) = total_and_idle()?;
-    let o0 = own()?;
-    std::thread::sleep(window);
-    let (t1, i1) = total_and_idle()?;
-    let o1 = own()?;
-    let total = t1.saturating_sub(t0).max(1);
-    let busy = total.saturating_sub(i1.saturating_sub(i0));
-    let others = busy.saturating_sub(o1.saturating_sub(o0));
-    Some(others as f64 / total as f64)
+
+    /// What other processes used since `self`: (their ticks, all ticks of all CPUs).
+    pub(crate) fn others_since(&self) -> Option<(u64, u64)> {
+        let now = Self::now()?;
+        let used = now.used.saturating_sub(self.used);
+        let own = now.own.saturating_sub(self.own);
+        Some((
+            used.saturating_sub(own),
+            now.total.saturating_sub(self.total).max(1),
+        ))
+    }
+}
+
+/// Whether `others` ticks of foreign CPU time out of `total` make a sample busy: more than 5%
+/// of the machine, and at least 2 ticks (a tick is 10 ms; the machine's and the process's
+/// counters round differently, so one tick is noise).
+pub(crate) fn is_busy(others: u64, total: u64) -> bool {
+    others >= 2 && others as f64 > 0.05 * total as f64
+}
+
+/// Consecutive busy samples, over the whole run (see [`IdleGuard`]).
+static BUSY_STREAK: AtomicUsize = AtomicUsize::new(0);
+
+/// One sample under the idle guard: `measure` runs, and runs again (at most twice more) if
+/// other processes used the machine meanwhile; the last one is kept and flagged when it was
+/// still busy. After three busy samples in a row (over the whole run) the guard stops
+/// re-running until a clean one comes: a machine busy for minutes gets flagged figures, not a
+/// run that never ends.
+pub(crate) struct IdleGuard;
+
+impl IdleGuard {
+    const RERUNS: usize = 2;
+    const STREAK: usize = 3;
+
+    pub(crate) fn new() -> Self {
+        Self
+    }
+
+    /// Measures under the guard: the value and whether it was taken on a busy machine.
+    pub(crate) fn sample<T>(
+        &mut self,
+        mut measure: impl FnMut() -> Result<T, String>,
+    ) -> Result<(T, bool), String> {
+        let mut attempt = 0;
+        loop {
+            let start = CpuTicks::now();
+            let value = measure()?;
+            let busy = start
+                .and_then(|s| s.others_since())
+                .is_some_and(|(others, total)| is_busy(others, total));
+            GUARD_SAMPLES.fetch_add(1, Ordering::Relaxed);
+            if !busy {
+                BUSY_STREAK.store(0, Ordering::Relaxed);
+                return Ok((value, false));
+            }
+            let streak = BUSY_STREAK.fetch_add(1, Ordering::Relaxed) + 1;
+            if attempt == Self::RERUNS || streak > Self::STREAK {
+                GUARD_BUSY.fetch_add(1, Ordering::Relaxed);
+                return Ok((value, true));
+            }
+            attempt += 1;
+            GUARD_RERUNS.fetch_add(1, Ordering::Relaxed);
+            wait_for_idle(Duration::from_secs(1));
+        }
+    }
+}
+
+/// The samples of systems measured in rotation, `[system][round]`, and which were taken while
+/// the machine was busy.
+#[derive(Debug)]
+pub(crate) struct Rounds<T> {
+    pub(crate) samples: Vec<Vec<T>>,
+    pub(crate) busy: Vec<Vec<bool>>,
+}
+
+impl<T> Rounds<T> {
+    /// Samples of system `k` taken on a busy machine.
+    pub(crate) fn busy_count(&self, k: usize) -> usize {
+        self.busy[k].iter().filter(|&&b| b).count()
+    }
+
+    /// Rounds in which any of `systems` had a busy sample (for figures combining them).
+    pub(crate) fn busy_rounds(&self, systems: &[usize]) -> usize {
+        let rounds = self.busy.first().map_or(0, Vec::len);
+        (0..rounds)
+            .filter(|&r| systems.iter().any(|&k| self.busy[k][r]))
+            .count()
+    }
+
+    /// One metric of system `k`'s samples.
+    pub(crate) fn metric(&self, k: usize, f: impl Fn(&T) -> f64) -> Vec<f64> {
+        self.samples[k].iter().map(f).collect()
+    }
 }
 
 /// Samples of `systems` systems measured in rotation, `reps` times each (BENCH.md §1 and §7):
 /// first a wait for an idle machine, then one warm-up round that is thrown away (an idle core
-/// is slow to come back to speed on this VM), then the timed rounds back to back. The rotation
-/// alternates direction (A B C, C B A, B C A, A C B, ...), so no system always runs right after
-/// the same other one and inherits its leftovers (a kernel `pread` run leaves caches and TLBs
-/// in another state than a foliocache run). `measure(k)` measures system `k` once. Returns
-/// each system's samples (in round order) and whether the machine was busy.
-pub(crate) fn interleaved(
+/// is slow to come back to speed on this VM), then the timed rounds back to back, each sample
+/// under the [`IdleGuard`]. The rotation alternates direction (A B C, C B A, B C A, A C B,
+/// ...), so no system always runs right after the same other one and inherits its leftovers
+/// (a kernel `pread` run leaves caches and TLBs in another state than a foliocache run).
+/// `measure(k)` measures system `k` once.
+pub(crate) fn interleaved<T>(
     reps: usize,
     systems: usize,
     bar: &indicatif::ProgressBar,
-    mut measure: impl FnMut(usize) -> Result<f64, String>,
-) -> Result<(Vec<Vec<f64>>, bool), String> {
-    let mut samples = vec![Vec::with_capacity(reps); systems];
-    let busy = wait_for_idle(Duration::from_secs(3));
+    mut measure: impl FnMut(usize) -> Result<T, String>,
+) -> Result<Rounds<T>, String> {
+    let mut samples: Vec<Vec<T>> = (0..systems).map(|_| Vec::with_capacity(reps)).collect();
+    let mut busy = vec![Vec::with_capacity(reps); systems];
+    // Up to 3 s for an idle machine, or a moment when it has been busy for a while already
+    // (waiting before every case would then only stretch the run).
+    let known_busy = BUSY_STREAK.load(Ordering::Relaxed) > IdleGuard::STREAK;
+    wait_for_idle(Duration::from_millis(if known_busy { 300 } else { 3000 }));
     for k in 0..systems {
         measure(k)?;
     }
+    let mut guard = IdleGuard::new();
     for rep in 0..reps {
         for k in 0..systems {
             let step = if rep % 2 == 0 { k } else { systems - 1 - k };
             let which = (step + rep / 2) % systems;
-            samples[which].push(measure(which)?);
+            let (value, was_busy) = guard.sample(|| measure(which))?;
+            samples[which].push(value);
+            busy[which].push(was_busy);
             bar.inc(1);
         }
     }
-    Ok((samples, busy))
+    Ok(Rounds { samples, busy })
 }
 
 /// Where the threads of [`run_threads`] run.
@@ -433,13 +844,13 @@ fn pin_to(cpu: usize) -> bool {
 }
 
 /// Runs `work` on `threads` threads, released together, for `time`; returns total operations
-/// per second and whether every thread was pinned as asked. `work(stop)` loops until `stop` and
-/// returns how many operations it did.
+/// per second and whether every thread was pinned as asked. `work(thread, stop)` loops until
+/// `stop` and returns how many operations it did.
 pub(crate) fn run_threads(
     threads: usize,
     time: Duration,
     placement: Placement,
-    work: &(dyn Fn(&std::sync::atomic::AtomicBool) -> u64 + Sync),
+    work: &(dyn Fn(usize, &std::sync::atomic::AtomicBool) -> u64 + Sync),
 ) -> (f64, bool) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
@@ -455,7 +866,7 @@ pub(crate) fn run_threads(
                         pinned.fetch_add(1, Ordering::Relaxed);
                     }
                     start_line.wait();
-                    work(stop)
+                    work(t, stop)
                 })
             })
             .collect();
@@ -476,9 +887,13 @@ pub(crate) fn run_threads(
 pub(crate) fn wait_for_idle(patience: Duration) -> bool {
     let start = Instant::now();
     loop {
-        match others_busy(Duration::from_millis(100)) {
+        let Some(ticks) = CpuTicks::now() else {
+            return false;
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        match ticks.others_since() {
             None => return false,
-            Some(share) if share <= 0.05 => return false,
+            Some((others, total)) if !is_busy(others, total) => return false,
             Some(_) if start.elapsed() >= patience => return true,
             Some(_) => {}
         }
@@ -491,10 +906,67 @@ mod tests {
 
     #[test]
     fn figure_takes_median_and_spread() {
-        let odd = Figure::new("c", "s", "m", &[3.0, 1.0, 2.0], false);
+        let odd = Figure::new("c", "s", "m", &[3.0, 1.0, 2.0], 0);
         assert_eq!((odd.median, odd.min, odd.max, odd.runs), (2.0, 1.0, 3.0, 3));
-        let even = Figure::new("c", "s", "m", &[4.0, 1.0, 2.0, 3.0], true);
+        assert_eq!(
+            odd.samples,
+            vec![3.0, 1.0, 2.0],
+            "samples kept in round order"
+        );
+        let even = Figure::new("c", "s", "m", &[4.0, 1.0, 2.0, 3.0], 1);
         assert_eq!((even.median, even.min, even.max), (2.5, 1.0, 4.0));
+        assert!(even.busy);
+    }
+
+    #[test]
+    fn busy_samples_show_in_json_and_tables() {
+        let mut report = Report::new("core", serde_json::json!({}));
+        report
+            .results
+            .push(Figure::new("case", "a", "ops/s", &[2.0, 3.0, 4.0], 2));
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["results"][0]["busy"], true);
+        assert_eq!(json["results"][0]["busy_samples"], 2);
+        assert!(report.markdown().contains("| 3 ⚠ 2 busy |"));
+    }
+
+    #[test]
+    fn paired_ratio_is_the_median_of_rounds_with_spread() {
+        let mut report = Report::new("core", serde_json::json!({}));
+        // Round ratios 2, 0.5, 1.5: median 1.5; the ratio of medians would be 3/3 = 1.
+        let median = report.paired("c", ("a", &[2.0, 1.0, 3.0]), ("b", &[1.0, 2.0, 2.0]), 0);
+        assert!((median - 1.5).abs() < 1e-12);
+        let r = &report.ratios[0];
+        assert_eq!(r.kind, RatioKind::MedianOfPairedRatios);
+        assert_eq!((r.min, r.max), (Some(0.5), Some(2.0)));
+        assert!(report.figure("c", "a÷b", "paired_ratio").is_some());
+        assert!(report.markdown().contains("median of per-round ratios"));
+    }
+
+    #[test]
+    fn busy_needs_two_ticks_and_five_percent() {
+        assert!(!is_busy(0, 20));
+        assert!(!is_busy(1, 12), "one tick is rounding noise");
+        assert!(is_busy(2, 12));
+        assert!(!is_busy(2, 100), "2% of the machine is idle enough");
+        assert!(is_busy(6, 100));
+    }
+
+    #[test]
+    fn mitigations_list_what_is_in_force() {
+        let mut m = Machine::probe();
+        m.vulnerabilities = BTreeMap::from([
+            ("meltdown".to_string(), "Not affected".to_string()),
+            (
+                "spectre_v2".to_string(),
+                "Mitigation: Retpolines; IBPB: conditional".to_string(),
+            ),
+            ("retbleed".to_string(), "Vulnerable".to_string()),
+        ]);
+        assert_eq!(
+            m.mitigations(),
+            "retbleed: Vulnerable, spectre_v2: Retpolines"
+        );
     }
 
     #[test]
@@ -502,13 +974,13 @@ mod tests {
         let mut report = Report::new("core", serde_json::json!({"pages": 1}));
         report
             .results
-            .push(Figure::new("case", "a", "ops/s", &[2.0], false));
+            .push(Figure::new("case", "a", "ops/s", &[2.0], 0));
         report
             .results
-            .push(Figure::new("case", "b", "ops/s", &[1.0], false));
+            .push(Figure::new("case", "b", "ops/s", &[1.0], 0));
         report.ratio("case", "ops/s", "a", "b");
         let json: serde_json::Value = serde_json::to_value(&report).unwrap();
-        for key in ["suite", "command", "machine", "results"] {
+        for key in ["suite", "command", "machine", "results", "idle_guard"] {
             assert!(json.get(key).is_some(), "missing {key}");
         }
         let figure = &json["results"][0];
@@ -520,6 +992,10 @@ mod tests {
             "busy is only written when set"
         );
         assert_eq!(json["ratios"][0]["ratio"], 2.0);
+        assert_eq!(json["ratios"][0]["kind"], "ratio-of-medians");
+        for key in ["cpu_model", "microcode", "kernel", "vulnerabilities"] {
+            assert!(json["machine"].get(key).is_some(), "missing machine.{key}");
+        }
         assert!(
             report
                 .markdown()

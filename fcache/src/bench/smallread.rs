@@ -7,12 +7,21 @@
 //! * `foliocache/optimistic`: the read takes no reference (`SmallReadPolicy::Optimistic`);
 //! * `foliocache/frozen-bit`: a referenced read, `try_get` one `fetch_add` (seed 002, after);
 //! * `foliocache/cas`: a referenced read, `try_get` a CAS loop (seed 002, before);
-//! * `kernel`: `pread` of 64 bytes at offset 0 of one tmpfs file (`/dev/shm`);
+//! * `kernel`: `pread` of 64 bytes at offset 0 of one tmpfs file (`/dev/shm`), each thread
+//!   with its own file descriptor (will-it-scale opens the file in each thread: a shared
+//!   `struct file` would add a contended cache line the seed does not have);
+//! * `syscall`: a `getppid` loop, the cheapest system call: the floor under any kernel figure
+//!   on this host (its CPU and mitigations set it: about 75 ns on one host of this VM's kind,
+//!   167 ns on another), so the report also states each kernel figure's cost above it;
 //! * `ceiling`: each thread increments a private counter: what N threads can do here when they
 //!   share nothing.
+//!
+//! Every round measures every (threads, system) pair; the comparisons between systems are
+//! medians of per-round ratios with their spread.
 
 use super::BenchArgs;
 use super::report::{Figure, Placement, Plot, Report, fmt, interleaved, run_threads};
+use super::summary::{Row, Spread, Unit, value};
 use foliocache::{Cache, File, Policy, RefcountPolicy, SmallReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -22,13 +31,21 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-const SYSTEMS: [&str; 5] = [
+const SYSTEMS: [&str; 6] = [
     "foliocache/optimistic",
     "foliocache/frozen-bit",
     "foliocache/cas",
     "kernel",
     "ceiling",
+    "syscall",
 ];
+/// Indexes into [`SYSTEMS`].
+const OPTIMISTIC: usize = 0;
+const FROZEN: usize = 1;
+const CAS: usize = 2;
+const KERNEL: usize = 3;
+const CEILING: usize = 4;
+const SYSCALL: usize = 5;
 
 fn read_loop(file: &File, small_read: SmallReadPolicy, stop: &AtomicBool) -> u64 {
     let mut handle = file.handle();
@@ -64,7 +81,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let time = if args.full {
         Duration::from_millis(1000)
     } else {
-        Duration::from_millis(200)
+        Duration::from_millis(120)
     };
     let reps = args.reps();
     let threads: Vec<usize> = args.threads.clone().map_or_else(
@@ -101,6 +118,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     kernel
         .write_all_at(&[0x5A; 4096], 0)
         .map_err(|e| e.to_string())?;
+    // One descriptor per thread, opened before the clock starts.
+    let max_threads = threads.iter().copied().max().unwrap_or(1);
+    let kernel_fds: Vec<std::fs::File> = (0..max_threads)
+        .map(|_| std::fs::File::open(&kernel_path))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("cannot open {}: {e}", kernel_path.display()))?;
     let mut all_pinned = true;
     let mut retries = Vec::new();
 
@@ -112,19 +135,30 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         .collect();
     bar.set_message("all thread counts, interleaved");
     let before = frozen.mapping_stats().optimistic_retries;
-    let (samples, busy) = interleaved(reps, pairs.len(), &bar, |which| {
+    let rounds = interleaved(reps, pairs.len(), &bar, |which| {
         let (t, system) = pairs[which];
-        let work = |stop: &AtomicBool| -> u64 {
+        let work = |thread: usize, stop: &AtomicBool| -> u64 {
             match system {
-                0 => read_loop(&frozen, SmallReadPolicy::Optimistic, stop),
-                1 => read_loop(&frozen, SmallReadPolicy::Refcounted, stop),
-                2 => read_loop(&cas, SmallReadPolicy::Refcounted, stop),
-                3 => {
+                OPTIMISTIC => read_loop(&frozen, SmallReadPolicy::Optimistic, stop),
+                FROZEN => read_loop(&frozen, SmallReadPolicy::Refcounted, stop),
+                CAS => read_loop(&cas, SmallReadPolicy::Refcounted, stop),
+                KERNEL => {
+                    let fd = &kernel_fds[thread];
                     let mut buf = [0u8; 64];
                     let mut ops = 0u64;
                     while !stop.load(Ordering::Relaxed) {
                         for _ in 0..16 {
-                            black_box(kernel.read_at(&mut buf, 0).unwrap_or(0));
+                            black_box(fd.read_at(&mut buf, 0).unwrap_or(0));
+                        }
+                        ops += 16;
+                    }
+                    ops
+                }
+                SYSCALL => {
+                    let mut ops = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for _ in 0..16 {
+                            black_box(rustix::process::getppid());
                         }
                         ops += 16;
                     }
@@ -147,9 +181,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         Ok(ops)
     })?;
     retries.push(json!({"optimistic_retries": frozen.mapping_stats().optimistic_retries - before}));
+    let samples = &rounds.samples;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     for (which, &(t, system)) in pairs.iter().enumerate() {
         let n = threads[t];
         let case = format!("threads={n}");
+        let busy = rounds.busy_count(which);
         report.results.push(Figure::new(
             &case,
             SYSTEMS[system],
@@ -165,12 +202,46 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             &per_thread,
             busy,
         ));
+        if system == KERNEL || system == SYSCALL {
+            // The time per operation on a CPU: threads beyond the CPUs only share them.
+            let busy_cpus = n.min(cpus) as f64;
+            let ns: Vec<f64> = samples[which].iter().map(|v| busy_cpus / v * 1e9).collect();
+            report
+                .results
+                .push(Figure::new(&case, SYSTEMS[system], "ns/op", &ns, busy));
+        }
     }
-    for &n in &threads {
+    let index = |t: usize, system: usize| {
+        pairs
+            .iter()
+            .position(|&p| p == (t, system))
+            .unwrap_or_default()
+    };
+    for (t, &n) in threads.iter().enumerate() {
         let case = format!("threads={n}");
-        report.ratio(&case, "ops/s", SYSTEMS[1], SYSTEMS[2]);
-        report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[1]);
-        report.ratio(&case, "ops/s", SYSTEMS[0], SYSTEMS[3]);
+        for (a, b) in [(FROZEN, CAS), (OPTIMISTIC, FROZEN), (OPTIMISTIC, KERNEL)] {
+            let (ia, ib) = (index(t, a), index(t, b));
+            report.paired(
+                &case,
+                (SYSTEMS[a], &samples[ia]),
+                (SYSTEMS[b], &samples[ib]),
+                rounds.busy_rounds(&[ia, ib]),
+            );
+        }
+        // The kernel's cost above the syscall floor, per round (ns per read per thread).
+        let (k, f) = (index(t, KERNEL), index(t, SYSCALL));
+        let above: Vec<f64> = samples[k]
+            .iter()
+            .zip(&samples[f])
+            .map(|(kernel, floor)| n.min(cpus) as f64 * 1e9 * (1.0 / kernel - 1.0 / floor))
+            .collect();
+        report.results.push(Figure::new(
+            &case,
+            "kernel",
+            "ns_above_syscall",
+            &above,
+            rounds.busy_rounds(&[k, f]),
+        ));
     }
     // Scaling from 1 to 2 threads as a share of the ceiling's, per round.
     let at = |n: usize, system: usize| {
@@ -179,7 +250,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             .position(|&m| m == n)
             .and_then(|t| pairs.iter().position(|&p| p == (t, system)))
     };
-    if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (at(1, 0), at(2, 0), at(1, 4), at(2, 4)) {
+    if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (
+        at(1, OPTIMISTIC),
+        at(2, OPTIMISTIC),
+        at(1, CEILING),
+        at(2, CEILING),
+    ) {
         let shares: Vec<f64> = (0..reps)
             .map(|r| (samples[o2][r] / samples[o1][r]) / (samples[c2][r] / samples[c1][r]))
             .collect();
@@ -188,7 +264,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "foliocache/optimistic÷ceiling",
             "paired_share",
             &shares,
-            busy,
+            rounds.busy_rounds(&[o1, o2, c1, c2]),
         ));
     }
     bar.finish_and_clear();
@@ -205,6 +281,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             .notes
             .push("Threads could not all be pinned to CPUs on this machine.".into());
     }
+    report.notes.push(
+        "Ratios between systems are medians of per-round ratios (both measured in the same \
+         round), with their min–max; `ns_above_syscall` is the kernel's time per read minus a \
+         getppid's, per round (CPU time: with more threads than CPUs, the threads share them): \
+         what the page cache costs beyond entering the kernel on this host."
+            .into(),
+    );
     report.plots.push(Plot {
         file: "smallread.svg".into(),
         title: "64-byte reads of one shared page: total ops/s by threads".into(),
@@ -228,96 +311,188 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     Ok(report)
 }
 
-fn median(report: &Report, threads: usize, system: &str) -> Option<f64> {
+fn ops(report: &Report, threads: usize, system: &str) -> Option<f64> {
     report
         .figure(&format!("threads={threads}"), system, "ops/s")
         .map(|f| f.median)
 }
 
-/// Seed 002's table (#threads, before, after, boost %), plus the optimistic read, the kernel
-/// and the ceiling, in millions of reads per second.
+/// The per-round paired ratio `a ÷ b` at `threads`.
+fn paired(report: &Report, threads: usize, a: usize, b: usize) -> Option<&Figure> {
+    report.figure(
+        &format!("threads={threads}"),
+        &format!("{}÷{}", SYSTEMS[a], SYSTEMS[b]),
+        "paired_ratio",
+    )
+}
+
+fn spread(f: &Figure) -> String {
+    format!("{:.2}× ({:.2}–{:.2})", f.median, f.min, f.max)
+}
+
+/// Seed 002's table (#threads, before, after, boost), plus the optimistic read, the kernel,
+/// the syscall floor and the ceiling, in millions of reads per second.
 fn seed_table(report: &Report, threads: &[usize]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| #threads | cas (before) | frozen-bit (after) | boost | optimistic | kernel pread | ceiling |"
+        "| #threads | cas (before) | frozen-bit (after) | boost, per round (min–max) | optimistic | kernel pread | getppid | kernel above the floor | ceiling |"
     );
-    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in threads {
-        let m = |s: &str| median(report, n, s).unwrap_or(f64::NAN);
-        let (cas, frozen) = (m(SYSTEMS[2]), m(SYSTEMS[1]));
+        let m = |s: usize| ops(report, n, SYSTEMS[s]).unwrap_or(f64::NAN);
+        let boost = paired(report, n, FROZEN, CAS).map_or_else(
+            || "–".into(),
+            |f| {
+                format!(
+                    "{:+.1}% ({:+.1}–{:+.1})",
+                    (f.median - 1.0) * 100.0,
+                    (f.min - 1.0) * 100.0,
+                    (f.max - 1.0) * 100.0
+                )
+            },
+        );
+        let above = report
+            .figure(&format!("threads={n}"), "kernel", "ns_above_syscall")
+            .map_or_else(|| "–".into(), |f| format!("{} ns", fmt(f.median)));
         let _ = writeln!(
             out,
-            "| {n} | {} M/s | {} M/s | {:+.1}% | {} M/s | {} M/s | {} M/s |",
-            fmt(cas / 1e6),
-            fmt(frozen / 1e6),
-            (frozen / cas - 1.0) * 100.0,
-            fmt(m(SYSTEMS[0]) / 1e6),
-            fmt(m(SYSTEMS[3]) / 1e6),
-            fmt(m(SYSTEMS[4]) / 1e6),
+            "| {n} | {} M/s | {} M/s | {boost} | {} M/s | {} M/s | {} M/s | {above} | {} M/s |",
+            fmt(m(CAS) / 1e6),
+            fmt(m(FROZEN) / 1e6),
+            fmt(m(OPTIMISTIC) / 1e6),
+            fmt(m(KERNEL) / 1e6),
+            fmt(m(SYSCALL) / 1e6),
+            fmt(m(CEILING) / 1e6),
         );
     }
     out
 }
 
-/// The issue's bars, checked against this run's medians.
+/// The issue's bars, checked against this run: comparisons between systems on the median of
+/// per-round ratios (shown with their spread).
 fn bars(report: &Report, threads: &[usize]) -> String {
     let mut lines = Vec::new();
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
-    if let (Some(best), Some(kernel)) =
-        (median(report, 1, SYSTEMS[0]), median(report, 1, SYSTEMS[3]))
-    {
+    if let Some(f) = paired(report, 1, OPTIMISTIC, KERNEL) {
         lines.push(format!(
-            "- {} 1 thread: foliocache ≥ 10× kernel pread: {:.1}×",
-            mark(best >= 10.0 * kernel),
-            best / kernel
+            "- {} 1 thread: foliocache ≥ 10× kernel pread: {}",
+            mark(f.median >= 10.0),
+            spread(f)
         ));
     }
     if threads.contains(&2) {
-        if let (Some(frozen), Some(cas)) =
-            (median(report, 2, SYSTEMS[1]), median(report, 2, SYSTEMS[2]))
-        {
+        if let Some(f) = paired(report, 2, FROZEN, CAS) {
             lines.push(format!(
-                "- {} 2 threads: frozen-bit ≥ cas: {:.2}×",
-                mark(frozen >= cas),
-                frozen / cas
+                "- {} 2 threads: frozen-bit ≥ cas: {}",
+                mark(f.median >= 1.0),
+                spread(f)
             ));
         }
-        if let (Some(opt), Some(frozen)) =
-            (median(report, 2, SYSTEMS[0]), median(report, 2, SYSTEMS[1]))
-        {
+        if let Some(f) = paired(report, 2, OPTIMISTIC, FROZEN) {
             lines.push(format!(
-                "- {} 2 threads: optimistic ≥ 1.5× frozen-bit: {:.2}×",
-                mark(opt >= 1.5 * frozen),
-                opt / frozen
+                "- {} 2 threads: optimistic ≥ 1.5× frozen-bit: {}",
+                mark(f.median >= 1.5),
+                spread(f)
             ));
         }
         if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (
-            median(report, 1, SYSTEMS[0]),
-            median(report, 2, SYSTEMS[0]),
-            median(report, 1, SYSTEMS[4]),
-            median(report, 2, SYSTEMS[4]),
+            ops(report, 1, SYSTEMS[OPTIMISTIC]),
+            ops(report, 2, SYSTEMS[OPTIMISTIC]),
+            ops(report, 1, SYSTEMS[CEILING]),
+            ops(report, 2, SYSTEMS[CEILING]),
         ) {
             let (scale, ceiling) = (o2 / o1, c2 / c1);
-            // Judged on the per-round paired share when measured (both thread counts of the
-            // same round); the ratio of medians is shown beside it.
-            let share = report
-                .figure(
-                    "scaling/2-vs-1-thread",
-                    "foliocache/optimistic÷ceiling",
-                    "paired_share",
-                )
-                .map_or(scale / ceiling, |f| f.median);
-            lines.push(format!(
-                "- {} scaling: optimistic 2/1 threads {scale:.2}× vs the ceiling's {ceiling:.2}× ({:.0}% from medians), paired per round {:.0}% ≥ 90%",
-                mark(share >= 0.9),
-                scale / ceiling * 100.0,
-                share * 100.0
-            ));
+            if let Some(share) = report.figure(
+                "scaling/2-vs-1-thread",
+                "foliocache/optimistic÷ceiling",
+                "paired_share",
+            ) {
+                lines.push(format!(
+                    "- {} scaling: optimistic 2/1 threads {scale:.2}× vs the ceiling's {ceiling:.2}× ({:.0}% from medians), per round {:.0}% ({:.0}–{:.0}%) ≥ 90%",
+                    mark(share.median >= 0.9),
+                    scale / ceiling * 100.0,
+                    share.median * 100.0,
+                    share.min * 100.0,
+                    share.max * 100.0
+                ));
+            }
         }
     }
     format!(
-        "Bars (issue #5), from this run's medians:\n\n{}",
+        "Bars (issue #5), from this run (medians of per-round ratios, min–max):\n\n{}",
         lines.join("\n")
     )
+}
+
+/// The summary's rows (seed 002).
+pub(crate) fn summary(report: &Report) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let fig = |n: usize, s: usize| report.figure(&format!("threads={n}"), SYSTEMS[s], "ops/s");
+    if let Some(f) = paired(report, 1, OPTIMISTIC, KERNEL) {
+        let above = report.figure("threads=1", "kernel", "ns_above_syscall");
+        rows.push(
+            Row::new("002", "1 thread: vs kernel pread (M reads/s)")
+                .after(value(fig(1, OPTIMISTIC), 1e-6, ""))
+                .kernel(value(fig(1, KERNEL), 1e-6, ""))
+                .limit(value(fig(1, SYSCALL), 1e-6, "getppid"))
+                .ratio(Spread::of(f, Unit::Times))
+                .at_least(10.0)
+                .busy_from(&[Some(f), above]),
+        );
+        if let (Some(above), Some(floor)) = (above, report.figure("threads=1", "syscall", "ns/op"))
+        {
+            rows.push(
+                Row::new("002", "kernel pread above the getppid floor")
+                    .after(Some(format!(
+                        "+{} ns ({}–{})",
+                        fmt(above.median),
+                        fmt(above.min),
+                        fmt(above.max)
+                    )))
+                    .kernel(value(
+                        report.figure("threads=1", "kernel", "ns/op"),
+                        1.0,
+                        "ns",
+                    ))
+                    .limit(value(Some(floor), 1.0, "ns"))
+                    .busy_from(&[Some(above)]),
+            );
+        }
+    }
+    if let Some(f) = paired(report, 2, FROZEN, CAS) {
+        rows.push(
+            Row::new("002", "2 threads: frozen-bit vs cas (M/s)")
+                .before(value(fig(2, CAS), 1e-6, ""))
+                .after(value(fig(2, FROZEN), 1e-6, ""))
+                .kernel(value(fig(2, KERNEL), 1e-6, ""))
+                .ratio(Spread::of(f, Unit::Times))
+                .at_least(1.0)
+                .busy_from(&[Some(f)]),
+        );
+    }
+    if let Some(f) = paired(report, 2, OPTIMISTIC, FROZEN) {
+        rows.push(
+            Row::new("002", "2 threads: optimistic vs frozen-bit")
+                .before(value(fig(2, FROZEN), 1e-6, ""))
+                .after(value(fig(2, OPTIMISTIC), 1e-6, ""))
+                .limit(value(fig(2, CEILING), 1e-6, ""))
+                .ratio(Spread::of(f, Unit::Times))
+                .at_least(1.5)
+                .busy_from(&[Some(f)]),
+        );
+    }
+    if let Some(f) = report.figure(
+        "scaling/2-vs-1-thread",
+        "foliocache/optimistic÷ceiling",
+        "paired_share",
+    ) {
+        rows.push(
+            Row::new("002", "1→2 threads: share of the machine's scaling")
+                .ratio(Spread::of(f, Unit::Percent))
+                .at_least(0.9)
+                .busy_from(&[Some(f)]),
+        );
+    }
+    rows
 }

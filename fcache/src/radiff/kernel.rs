@@ -125,6 +125,14 @@ impl Setting {
     }
 }
 
+/// The pages of `path` in the kernel's page cache: those `mincore` shows uptodate, and all of
+/// them whatever their state (`cachestat`, `None` where the kernel has none). For callers that
+/// must know a file is cold (the readseq benchmark).
+pub(crate) fn cached_pages(path: &Path) -> Result<(u64, Option<u64>), String> {
+    let residency = Residency::new(path)?;
+    Ok((residency.resident()?.len(), residency.cached()))
+}
+
 /// A read-only mapping of a file, never touched, for `mincore`.
 struct Residency {
     file: File,

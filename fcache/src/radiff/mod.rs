@@ -16,7 +16,7 @@
 //! the kernel's own runs against the same majority tell how far it agrees with itself.
 
 mod folio;
-mod kernel;
+pub(crate) mod kernel;
 pub(crate) mod pages;
 
 use crate::trace::{self, Line, Op, Trace};

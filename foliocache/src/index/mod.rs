@@ -410,6 +410,49 @@ impl Cursor<'_> {
         self.load_near(index)
     }
 
+    /// Moves to the first entry after the last one loaded, at most up to index `last`, that
+    /// `wanted` accepts, and returns its first index; `None` when there is none up to `last`
+    /// (the cursor is then left on no node). Like repeated [`Cursor::load_next`], but the rest
+    /// of a leaf is scanned in place, one load per slot and no walk, so passing over a long
+    /// run of entries the caller does not want (a memory file's zeros folios) costs a tight
+    /// loop per leaf instead of a load and decode through the cursor per entry.
+    pub fn seek(&mut self, last: u64, wanted: impl Fn(Entry) -> bool) -> Option<u64> {
+        const LEAF_MASK: u64 = CHUNK as u64 - 1;
+        loop {
+            let Some(index) = self.next.filter(|&next| next <= last) else {
+                self.node = std::ptr::null();
+                return None;
+            };
+            if !self.node.is_null() {
+                // SAFETY: reached during this cursor's pin (see `reload`).
+                let node = unsafe { &*self.node };
+                if node.shift == 0 && node.same_span(self.at, index) {
+                    let leaf_end = index | LEAF_MASK;
+                    let stop = node.offset(leaf_end.min(last));
+                    let found = (node.offset(index)..=stop).find(|&offset| {
+                        Entry::decode(node.slots[offset].load(Ordering::Acquire))
+                            .is_some_and(&wanted)
+                    });
+                    if let Some(offset) = found {
+                        // Load it properly (it may have changed since the scan looked).
+                        let at = (index & !LEAF_MASK) | offset as u64;
+                        if self.descend(self.node, at).is_some_and(&wanted) {
+                            return Some(self.first());
+                        }
+                        continue;
+                    }
+                    // Nothing wanted in the rest of this leaf: on to the next index after it.
+                    self.at = leaf_end;
+                    self.next = leaf_end.checked_add(1);
+                    continue;
+                }
+            }
+            if self.load_near(index).is_some_and(&wanted) {
+                return Some(self.first());
+            }
+        }
+    }
+
     fn load_prev_or_hole(&mut self) -> Option<Entry> {
         let index = self.prev?;
         self.load_near(index)
