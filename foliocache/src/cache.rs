@@ -171,6 +171,18 @@ impl CacheBuilder {
         self
     }
 
+    /// Write-behind (default 4 MiB; 0 turns it off): once a [`Handle`](crate::Handle) writing
+    /// sequentially has this many bytes dirty behind it, the flusher starts writing them, so
+    /// that a stream's writeback overlaps its writes instead of waiting for the next sync, the
+    /// background threshold or the expiry (the kernel has no such thing: it is off there).
+    /// Only 2 MiB units the stream wrote whole are handed off, so the folio being filled is
+    /// not; random writes and `File::write_at` never trigger it. Rounded up to 2 MiB; at
+    /// most [`MAX_READAHEAD_BYTES`](crate::MAX_READAHEAD_BYTES).
+    pub fn write_behind_bytes(mut self, bytes: u64) -> Self {
+        self.dirty.write_behind = bytes;
+        self
+    }
+
     /// Builds the cache. Errors: a capacity that is zero, not a page multiple or above 16 TiB;
     /// a max order above 9; the arena mapping failing.
     pub fn build(self) -> Result<Cache, Error> {
@@ -220,6 +232,15 @@ impl CacheBuilder {
         setting("readahead_bytes", self.ra_bytes, MAX_READAHEAD_BYTES)?;
         setting("max_io_bytes", self.io_bytes, MAX_READAHEAD_BYTES)?;
         setting(
+            "write_behind_bytes",
+            self.dirty.write_behind,
+            MAX_READAHEAD_BYTES,
+        )?;
+        let mut dirty = self.dirty;
+        dirty.write_behind = dirty
+            .write_behind
+            .next_multiple_of(crate::dirty::WRITE_BEHIND_ALIGN);
+        setting(
             "io_request_bytes",
             self.request_bytes as u64,
             MAX_REQUEST_BYTES,
@@ -247,7 +268,7 @@ impl CacheBuilder {
                 policy: self.policy,
                 capacity,
                 reclaim: Reclaim::new(self.policy.reclaim, pages as u64),
-                dirty: Dirty::new(self.dirty, pages as u64),
+                dirty: Dirty::new(dirty, pages as u64),
                 engine_kind: self.io_engine,
                 engine: OnceLock::new(),
                 ra_pages: self.ra_bytes >> PAGE_SHIFT,

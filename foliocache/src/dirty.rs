@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 
 /// What the flusher needs of a dirty file.
 pub(crate) trait Flushable: Send + Sync {
-    /// Writes back up to `pages` pages of dirty folios (a background pass); returns the pages
+    /// Writes back up to `pages` pages of the dirty folios in pages `first..=last` (a
+    /// background pass; `u64::MAX` pages: an integrity pass of the range); returns the pages
     /// written.
-    fn flush(self: Arc<Self>, pages: u64) -> u64;
+    fn flush(self: Arc<Self>, first: u64, last: u64, pages: u64) -> u64;
     /// When the file became dirty (`None`: it is clean).
     fn dirtied_when(&self) -> Option<Instant>;
 }
@@ -43,6 +44,9 @@ pub(crate) struct DirtySettings {
     pub(crate) expire: Duration,
     /// How often the flusher wakes on its own.
     pub(crate) interval: Duration,
+    /// Write-behind: a handle writing sequentially has the flusher start writing the data
+    /// behind it once this many bytes of it are dirty (0: off, as in the kernel).
+    pub(crate) write_behind: u64,
 }
 
 impl Default for DirtySettings {
@@ -52,9 +56,17 @@ impl Default for DirtySettings {
             ratio: 0.20,
             expire: Duration::from_secs(30),
             interval: Duration::from_secs(5),
+            write_behind: DEFAULT_WRITE_BEHIND,
         }
     }
 }
+
+/// The default write-behind trigger: 4 MiB.
+pub(crate) const DEFAULT_WRITE_BEHIND: u64 = 4 << 20;
+
+/// Write-behind ranges end on multiples of this (the largest folio), so that the folio a
+/// sequential writer is filling is never put under writeback under its feet.
+pub(crate) const WRITE_BEHIND_ALIGN: u64 = (crate::mem::PAGE_SIZE as u64) << crate::mem::MAX_ORDER;
 
 /// The longest a throttled writer pauses at once (the kernel's `MAX_PAUSE`).
 const MAX_PAUSE: Duration = Duration::from_millis(200);
@@ -92,12 +104,20 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// A request to write part of a file now.
+struct Soon {
+    file: Weak<dyn Flushable>,
+    first: u64,
+    last: u64,
+}
+
 #[derive(Default)]
 struct State {
     /// Dirty files, in the order the flusher visits them.
     files: VecDeque<Weak<dyn Flushable>>,
-    /// Files whose dirty data was asked to be written now (`sync_range` with WRITE alone).
-    soon: Vec<Weak<dyn Flushable>>,
+    /// Ranges of files (pages `first..=last`) whose dirty data was asked to be written now
+    /// (`sync_range` with WRITE alone, `drop_cached`, write-behind).
+    soon: Vec<Soon>,
     kicked: bool,
     shutdown: bool,
     /// The bandwidth estimate: when it was last updated, `written` then, pages per second.
@@ -162,10 +182,29 @@ impl Dirty {
     }
 
     /// Has the flusher write `file`'s dirty data now, without waiting for it.
-    pub(crate) fn flush_soon(&self, file: Weak<dyn Flushable>) {
-        self.lock_state().soon.push(file);
+    pub(crate) fn flush_soon(&self, file: Weak<dyn Flushable>, first: u64, last: u64) {
+        let mut state = self.lock_state();
+        // Write-behind asks for the next range of the same stream again and again: one pass
+        // covers them all.
+        match state
+            .soon
+            .iter_mut()
+            .find(|soon| Weak::ptr_eq(&soon.file, &file))
+        {
+            Some(soon) => {
+                soon.first = soon.first.min(first);
+                soon.last = soon.last.max(last);
+            }
+            None => state.soon.push(Soon { file, first, last }),
+        }
+        drop(state);
         self.start();
         self.kick();
+    }
+
+    /// The write-behind trigger in bytes (0: off).
+    pub(crate) fn write_behind(&self) -> u64 {
+        self.settings.write_behind
     }
 
     /// Wakes the flusher now.
@@ -298,11 +337,12 @@ impl Drop for Dirty {
 }
 
 type Files = Vec<Arc<dyn Flushable>>;
+type Ranges = Vec<(Arc<dyn Flushable>, u64, u64)>;
 
 /// The flusher thread (see the module documentation).
 fn flusher(shared: &Shared, pages: &PageCounts, settings: DirtySettings, background: u64) {
     loop {
-        let (files, soon): (Files, Files) = {
+        let (files, soon): (Files, Ranges) = {
             let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
             if !state.kicked && !state.shutdown {
                 state = shared
@@ -320,11 +360,15 @@ fn flusher(shared: &Shared, pages: &PageCounts, settings: DirtySettings, backgro
                 weak.upgrade()
                     .is_some_and(|file| file.dirtied_when().is_some())
             });
-            let soon = state.soon.drain(..).filter_map(|w| w.upgrade()).collect();
+            let soon = state
+                .soon
+                .drain(..)
+                .filter_map(|soon| Some((soon.file.upgrade()?, soon.first, soon.last)))
+                .collect();
             (state.files.iter().filter_map(Weak::upgrade).collect(), soon)
         };
-        for file in soon {
-            file.flush(u64::MAX - 1);
+        for (file, first, last) in soon {
+            file.flush(first, last, u64::MAX - 1);
         }
         // Expired files first: everything they have.
         let now = Instant::now();
@@ -333,7 +377,7 @@ fn flusher(shared: &Shared, pages: &PageCounts, settings: DirtySettings, backgro
                 .dirtied_when()
                 .is_some_and(|when| now.duration_since(when) >= settings.expire)
             {
-                Arc::clone(file).flush(u64::MAX);
+                Arc::clone(file).flush(0, u64::MAX, u64::MAX);
             }
         }
         // Then slices of each in turn, while dirty memory is above the background threshold.
@@ -343,7 +387,7 @@ fn flusher(shared: &Shared, pages: &PageCounts, settings: DirtySettings, backgro
                 if pages.dirty.load(Ordering::Relaxed) <= background {
                     break;
                 }
-                progress += Arc::clone(file).flush(SLICE_PAGES);
+                progress += Arc::clone(file).flush(0, u64::MAX, SLICE_PAGES);
             }
             if progress == 0 || pages.dirty.load(Ordering::Relaxed) <= background {
                 break;

@@ -105,6 +105,16 @@ pub struct Handle {
     /// Where this handle is in the file's writeback error sequence (errseq): the errors it
     /// has not been told of are the ones recorded since.
     wb_since: u32,
+    /// This writer's sequential stream, for write-behind.
+    stream: Stream,
+}
+
+/// A handle's writes as a stream: where the next sequential write starts, and from where the
+/// data behind the writer has not yet been handed to the flusher.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stream {
+    next: u64,
+    behind: u64,
 }
 
 impl File {
@@ -122,6 +132,7 @@ impl File {
             ra: RaState::new(self.inner.core.ra_pages),
             policy: self.inner.policy,
             wb_since: self.inner.disk().map_or(0, |disk| disk.wb.errors.sample()),
+            stream: Stream::default(),
         }
     }
 
@@ -246,7 +257,10 @@ impl File {
             // As the kernel's `POSIX_FADV_DONTNEED`: start writing the dirty data, so that a
             // later drop finds it clean.
             let me: Arc<dyn crate::dirty::Flushable> = Arc::clone(&self.inner) as _;
-            self.inner.core.dirty.flush_soon(Arc::downgrade(&me));
+            self.inner
+                .core
+                .dirty
+                .flush_soon(Arc::downgrade(&me), 0, u64::MAX);
         }
         report
     }
@@ -393,9 +407,39 @@ impl Handle {
         &self.file
     }
 
-    /// Writes all of `data` at `pos` (see [`File::write_at`]).
+    /// Writes all of `data` at `pos` (see [`File::write_at`]). A handle writing sequentially
+    /// (each write where the last one ended) has the data behind it written back in the
+    /// background ([`CacheBuilder::write_behind_bytes`](crate::CacheBuilder::write_behind_bytes)).
     pub fn write_at(&mut self, data: &[u8], pos: u64) -> Result<usize, Error> {
-        self.file.write_at(data, pos)
+        let written = self.file.write_at(data, pos)?;
+        self.write_behind(pos, written as u64);
+        Ok(written)
+    }
+
+    /// Hands the data behind a sequential writer to the flusher, in `WRITE_BEHIND_ALIGN`
+    /// units the stream wrote whole, once the write-behind trigger is reached.
+    fn write_behind(&mut self, pos: u64, len: u64) {
+        use crate::dirty::WRITE_BEHIND_ALIGN;
+        let inode = &self.file.inner;
+        let trigger = inode.core.dirty.write_behind();
+        if trigger == 0 || inode.disk().is_none() || len == 0 {
+            return;
+        }
+        if pos != self.stream.next {
+            // A new stream begins here: only units it writes whole are ever behind it.
+            self.stream.behind = pos.next_multiple_of(WRITE_BEHIND_ALIGN);
+        }
+        self.stream.next = pos.saturating_add(len);
+        let done = self.stream.next - self.stream.next % WRITE_BEHIND_ALIGN;
+        if done >= self.stream.behind.saturating_add(trigger) {
+            let me: Arc<dyn crate::dirty::Flushable> = Arc::clone(inode) as _;
+            inode.core.dirty.flush_soon(
+                Arc::downgrade(&me),
+                self.stream.behind >> PAGE_SHIFT,
+                (done >> PAGE_SHIFT) - 1,
+            );
+            self.stream.behind = done;
+        }
     }
 
     /// Writes back the file's dirty data, waits for it, and has the file system make the file
@@ -469,7 +513,10 @@ impl Handle {
             } else {
                 // Start, do not wait: the flusher writes (no writeback in flight is waited for).
                 let me: Arc<dyn crate::dirty::Flushable> = Arc::clone(inode) as _;
-                inode.core.dirty.flush_soon(Arc::downgrade(&me));
+                inode
+                    .core
+                    .dirty
+                    .flush_soon(Arc::downgrade(&me), first, last);
             }
         }
         if flags.contains(SyncRange::WAIT_AFTER) {

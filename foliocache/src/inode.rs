@@ -259,13 +259,13 @@ impl Evictable for Inode {
 }
 
 impl Flushable for Inode {
-    fn flush(self: Arc<Self>, pages: u64) -> u64 {
+    fn flush(self: Arc<Self>, first: u64, last: u64, pages: u64) -> u64 {
         let mode = if pages == u64::MAX {
             SyncMode::All
         } else {
             SyncMode::None(pages)
         };
-        write_back(&self, 0, u64::MAX, mode).map_or(0, |outcome| outcome.pages)
+        write_back(&self, first, last, mode).map_or(0, |outcome| outcome.pages)
     }
 
     fn dirtied_when(&self) -> Option<std::time::Instant> {

@@ -1,5 +1,5 @@
 //! The write path against a byte model (fsx-style): random writes (small and unaligned,
-//! page-sized, large), reads, truncation down and up, hole punching, syncs, drops, evictions
+//! page-sized, large), sequential streams (with write-behind), reads, truncation down and up, hole punching, syncs, drops, evictions
 //! under a tiny budget, and closing and reopening, on a real file through each I/O engine.
 //! Every read must match the model; after every sync and at the end, the file read without the
 //! cache (`std::fs`) must equal the model, size included.
@@ -75,6 +75,7 @@ fn run(kind: EngineKind, path: &Path, seed: u64) {
         .capacity(1 << 20)
         .io_engine(kind)
         .readahead_bytes(64 << 10)
+        .write_behind_bytes(2 << 20)
         .build()
         .unwrap();
     let (mut file, mut handle) = open(&cache, path);
@@ -94,7 +95,7 @@ fn run(kind: EngineKind, path: &Path, seed: u64) {
                 file.mapping_stats().dirty_pages
             );
         }
-        match rng.below(20) {
+        match rng.below(21) {
             // Writes: small unaligned, page aligned, or large.
             0..=7 => {
                 let len = match rng.below(4) {
@@ -166,6 +167,27 @@ fn run(kind: EngineKind, path: &Path, seed: u64) {
                 drop(file);
                 check_storage(path, &model, &format!("{what}: after close"));
                 (file, handle) = open(&cache, path);
+            }
+            20 => {
+                // A sequential stream (write-behind hands what is behind it to the flusher).
+                let mut pos = rng.below(MAX_SIZE / 2);
+                let end = (pos + (1 << 20) + rng.below(3 << 20)).min(MAX_SIZE);
+                let stamp = rng.next() as u8 | 1;
+                if trace {
+                    eprintln!("  stream {pos}..{end}");
+                }
+                while pos < end {
+                    let len = (1 + rng.below(128 << 10)).min(end - pos);
+                    let data: Vec<u8> = (0..len).map(|k| stamp.wrapping_add(k as u8)).collect();
+                    assert_eq!(handle.write_at(&data, pos).unwrap(), len as usize, "{what}");
+                    let stop = (pos + len) as usize;
+                    if model.len() < stop {
+                        model.resize(stop, 0);
+                    }
+                    model[pos as usize..stop].copy_from_slice(&data);
+                    pos += len;
+                }
+                assert_eq!(file.size(), model.len() as u64, "{what}: size after stream");
             }
             _ => {
                 if model.len() > 4096 {

@@ -15,6 +15,7 @@ pub(crate) mod report;
 mod seqread;
 mod smallread;
 pub(crate) mod summary;
+mod writeseq;
 
 use report::Report;
 use summary::Row;
@@ -50,6 +51,9 @@ pub(crate) enum Suite {
     /// warm, through the kernel and through the preload library (needs rocksdb-tools and
     /// `cargo build --release -p foliocache-preload`).
     Dbbench,
+    /// The write path: sequential 1 MiB writes, random 4 KiB overwrites and 4 KiB appends with
+    /// fdatasync, through foliocache, the kernel's page cache and straight to the device.
+    Writeseq,
 }
 
 #[derive(Debug, Args)]
@@ -151,6 +155,13 @@ const SUITES: &[SuiteDef] = &[
         name: "reclaim",
         run: reclaim::run,
         summary: reclaim::summary,
+        prerequisites: None,
+    },
+    SuiteDef {
+        suite: Suite::Writeseq,
+        name: "writeseq",
+        run: writeseq::run,
+        summary: writeseq::summary,
         prerequisites: None,
     },
     SuiteDef {

@@ -270,3 +270,107 @@ impl Probe {
         })
     }
 }
+
+/// Writes `block` bytes at each of `offsets`, in order, to `path` with O_DIRECT through one
+/// io_uring, keeping up to `depth` writes in flight, and `fdatasync`s after every
+/// `sync_every` writes (0: only at the end) and at the end: what the device does for a write
+/// workload with no cache (the ceiling the write benchmark compares with). The file must exist;
+/// it grows as the writes reach past its end. Returns the time from the first submission to the
+/// last `fdatasync`'s return. Errors: a `block` that is not a positive multiple of 4096,
+/// offsets not multiples of 4096, a `depth` outside 1..=4096, O_DIRECT refused, a failed
+/// write.
+pub fn write_blocks(
+    path: &Path,
+    offsets: &[u64],
+    block: usize,
+    depth: usize,
+    sync_every: usize,
+) -> Result<Duration, Error> {
+    if block == 0
+        || !block.is_multiple_of(4096)
+        || depth == 0
+        || depth > 4096
+        || offsets.iter().any(|o| !o.is_multiple_of(4096))
+    {
+        return Err(Error::Engine(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "block and offsets must be multiples of 4096, depth 1..=4096",
+        )));
+    }
+    let open_error = |source| Error::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .map_err(open_error)?;
+    // One buffer per slot, filled with a pattern (what is written does not matter).
+    let buffers = Arena::new(
+        (depth * block).div_ceil(PAGE_SIZE),
+        PAGE_SIZE << MAX_ORDER,
+        true,
+    )?;
+    buffers.prefault().map_err(Error::Prefault)?;
+    let base = buffers.page_ptr(0);
+    let mut ring = IoUring::new((depth as u32).next_power_of_two()).map_err(Error::Engine)?;
+    let sync = |file: &std::fs::File| -> Result<(), Error> {
+        rustix::fs::fdatasync(file).map_err(|errno| Error::Io {
+            offset: 0,
+            len: 0,
+            source: errno.into(),
+        })
+    };
+    let start = Instant::now();
+    let group = if sync_every == 0 {
+        offsets.len().max(1)
+    } else {
+        sync_every
+    };
+    for chunk in offsets.chunks(group) {
+        let mut next = 0usize;
+        let mut in_flight = 0usize;
+        loop {
+            while in_flight < depth && next < chunk.len() {
+                let slot = next % depth;
+                let entry = opcode::Write::new(
+                    types::Fd(file.as_raw_fd()),
+                    base.wrapping_add(slot * block),
+                    block as u32,
+                )
+                .offset(chunk[next])
+                .build()
+                .user_data(slot as u64);
+                // SAFETY: the slot's buffer lies inside `buffers` (slot < depth, `depth *
+                // block` bytes mapped), which outlives the ring; at most `depth` writes are in
+                // flight and writes only read their buffer, so sharing a slot's bytes between
+                // a finished and a new write is fine. The file stays open.
+                if unsafe { ring.submission().push(&entry).is_err() } {
+                    break;
+                }
+                next += 1;
+                in_flight += 1;
+            }
+            if in_flight == 0 {
+                break;
+            }
+            ring.submit_and_wait(1).map_err(Error::Engine)?;
+            let results: Vec<i32> = ring.completion().map(|cqe| cqe.result()).collect();
+            for result in results {
+                in_flight -= 1;
+                if result < 0 || result as usize != block {
+                    // A short O_DIRECT write is an error for a probe (it does not retry).
+                    let errno = if result < 0 { -result } else { libc::EIO };
+                    return Err(Error::Io {
+                        offset: 0,
+                        len: block as u64,
+                        source: std::io::Error::from_raw_os_error(errno),
+                    });
+                }
+            }
+        }
+        sync(&file)?;
+    }
+    Ok(start.elapsed())
+}
