@@ -65,8 +65,9 @@ int main(int argc, char **argv) {
             }
             offset += (uint64_t)n;
         }
-        if (foliocache_write_at(file, buf, 1, 0) != -EROFS)
-            status = fail("writes must give -EROFS until the write path exists", -EINVAL);
+        /* Opened for reading only: a write is refused as write(2) refuses it. */
+        if (foliocache_write_at(file, buf, 1, 0) != -EBADF)
+            status = fail("a write to a file opened for reading must give -EBADF", -EINVAL);
         foliocache_file_stats stats;
         foliocache_get_file_stats(file, &stats);
         fprintf(stderr, "%s: %llu bytes, %llu read from the device in %llu requests, %llu misses\n",

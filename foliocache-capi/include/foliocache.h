@@ -49,13 +49,30 @@ typedef struct foliocache_settings {
   bool huge_pages;
   // Fault the whole arena in when the cache is made. Default false.
   bool prefault;
+  // Share of the arena dirty data may reach before background writeback starts, in
+  // `(0, 1]`. Default 0.10 (the kernel's `dirty_background_ratio`).
+  double dirty_background_ratio;
+  // Share of the arena dirty data and data under writeback may reach before writers are
+  // throttled, in `(0, 1]`. Default 0.20 (the kernel's `dirty_ratio`).
+  double dirty_ratio;
+  // Milliseconds data may stay dirty before the background flusher writes it. Default
+  // 30000 (the kernel's `dirty_expire_centisecs`).
+  uint64_t dirty_expire_ms;
+  // Write-behind: bytes of a sequential writer's data behind it that start its writeback
+  // without waiting for a sync (0: off). Default 4 MiB.
+  uint64_t write_behind_bytes;
 } foliocache_settings;
 
 // Options for [`foliocache_open`]. Start from [`foliocache_open_options_default`].
 typedef struct foliocache_open_options {
-  // Open for writing. Not supported yet (the library's write path is not merged): opening
-  // with `write` set fails with `-EROFS`.
+  // Open for writing: [`foliocache_write_at`] puts data in the cache as dirty pages, which
+  // reach the file by writeback ([`foliocache_fsync`]). Default false.
   bool write;
+  // Create the file if it does not exist (mode 0644 before the umask); implies `write`.
+  // Default false.
+  bool create;
+  // Truncate the file to 0 bytes when opened; implies `write`. Default false.
+  bool truncate;
   // On a file system without direct I/O (tmpfs, or O_DIRECT refused), read through the
   // kernel's page cache instead of failing with `-EOPNOTSUPP`. Default false.
   bool buffered_fallback;
@@ -65,7 +82,8 @@ typedef struct foliocache_open_options {
 
 // Counters of one file ([`foliocache_get_file_stats`]).
 typedef struct foliocache_file_stats {
-  // The file size in bytes (taken when it was opened).
+  // The file size in bytes (as this cache has it: writes and `foliocache_set_len` change
+  // it).
   uint64_t size;
   // Pages of this file now in the cache.
   uint64_t cached_pages;
@@ -83,6 +101,10 @@ typedef struct foliocache_file_stats {
   uint64_t device_bytes;
   // Device reads that failed.
   uint64_t device_errors;
+  // Pages of this file dirty now.
+  uint64_t dirty_pages;
+  // Pages of this file under writeback now.
+  uint64_t writeback_pages;
 } foliocache_file_stats;
 
 // Memory and eviction counters of a cache ([`foliocache_get_cache_stats`]).
@@ -99,6 +121,12 @@ typedef struct foliocache_cache_stats {
   uint64_t evicted_pages;
   // Evicted folios read in again soon after (refaults).
   uint64_t refaults;
+  // Pages dirty now (written, not yet written back).
+  uint64_t dirty_pages;
+  // Pages under writeback now.
+  uint64_t writeback_pages;
+  // Pages written back to storage, ever.
+  uint64_t written_pages;
 } foliocache_cache_stats;
 
 #ifdef __cplusplus
@@ -138,8 +166,11 @@ int foliocache_open_options_default(struct foliocache_open_options *out);
 
 // Opens the file at `path` (a NUL-terminated string) through `cache`, with `options` (null:
 // the defaults), and stores it in `*out`. The file is read with O_DIRECT; its size is taken
-// now. Errors: the open's errno (-ENOENT, -EACCES, ...), -EOPNOTSUPP on a file system without
-// direct I/O (unless `buffered_fallback`), -EROFS when `write` is asked (not supported yet).
+// now, and the cache keeps it from then on (its own writes change it; a change by another
+// program is seen when the file is opened again). Errors: the open's errno (-ENOENT,
+// -EACCES, ...), -EOPNOTSUPP on a file system without direct I/O (unless
+// `buffered_fallback`), -EBUSY when the cache has the file open with other `max_order` or
+// `buffered_fallback` options.
 //
 // # Safety
 // `cache` is a live cache or null; `path` is null or a NUL-terminated string; `options` is
@@ -150,7 +181,9 @@ int foliocache_open(const struct foliocache_cache *cache,
                     struct foliocache_file **out);
 
 // Closes a file from [`foliocache_open`] (null is ignored). Its cached pages stay in the cache
-// until evicted. Returns 0.
+// until evicted; when it was the cache's last open of a written file, its dirty data is
+// written back first (errors of that writeback are not reported: call [`foliocache_fsync`]
+// before closing to see them, as with `close(2)`). Returns 0.
 //
 // # Safety
 // `file` is null or a file from `foliocache_open` not closed before.
@@ -167,24 +200,41 @@ int64_t foliocache_read_at(const struct foliocache_file *file,
                            uintptr_t len,
                            uint64_t offset);
 
-// Writes `len` bytes of `buf` at `offset`. Not supported yet (files are read only until the
-// library's write path is merged): returns -EROFS.
+// Writes the `len` bytes of `buf` at `offset` into the cache (dirty pages, written back
+// later), growing the file if it ends past its size. Returns `len`, or a negative errno:
+// -EBADF for a file not opened for writing, -ENOSPC when the cache cannot make room, -EIO
+// when a page that must be read first (a partial page not cached) cannot be. A sequential
+// writer's data is written back behind it as it goes (write-behind).
 //
 // # Safety
-// `file` is null or a live file; `buf` is null only if `len` is 0.
+// `file` is null or a live file; `buf` is null only if `len` is 0, else it points to `len`
+// readable bytes.
 int64_t foliocache_write_at(const struct foliocache_file *file,
                             const void *buf,
                             uintptr_t len,
                             uint64_t offset);
 
-// Flushes the file's written data and metadata to the device. Files are read only for now,
-// so there is nothing to write back: returns 0 (or -EINVAL for a null file).
+// Sets the file's size (`ftruncate(2)`): shrinking drops what lies past the new end, growing
+// adds a hole. The size on storage is set at once. Returns 0 or a negative errno (-EBADF for
+// a file not opened for writing).
+//
+// # Safety
+// `file` is null or a live file.
+int foliocache_set_len(const struct foliocache_file *file, uint64_t len);
+
+// Writes back the file's dirty data, waits for it, and has the file system make the file
+// durable (`fsync(2)`). Returns 0, or the negative errno of a writeback error since this
+// open file last synced (each error reported once to every file open when it happened, the
+// kernel's errseq rules). A failed write's data stays dirty and this call retries it: 0
+// means all data written before the call is on storage. When no open in this cache may
+// write the file, there is nothing to write back and it only reports errors.
 //
 // # Safety
 // `file` is null or a live file.
 int foliocache_fsync(const struct foliocache_file *file);
 
-// As [`foliocache_fsync`], data only. Returns 0 (nothing is written back yet).
+// As [`foliocache_fsync`], with `fdatasync(2)`: timestamps may stay behind, size and data do
+// not.
 //
 // # Safety
 // `file` is null or a live file.
@@ -215,7 +265,7 @@ int foliocache_readahead(const struct foliocache_file *file, uint64_t offset, ui
 // `file` is null or a live file.
 int64_t foliocache_drop_cached(const struct foliocache_file *file, uint64_t offset, uint64_t len);
 
-// The file size in bytes (as taken when it was opened), or a negative errno.
+// The file size in bytes (as this cache has it), or a negative errno.
 //
 // # Safety
 // `file` is null or a live file.

@@ -53,16 +53,21 @@ pub fn errno_of(error: &foliocache::Error) -> i32 {
         | E::ForeignFolio
         | E::FolioInUse { .. }
         | E::FolioWasCached
-        | E::FolioUptodate => libc::EINVAL,
+        | E::FolioUptodate
+        | E::InvalidRatio { .. }
+        | E::InvalidSetting { .. } => libc::EINVAL,
         E::NoMemory { .. } | E::IndexNoMemory | E::MetadataAlloc { .. } => libc::ENOMEM,
         E::Mmap { source, .. } => source.raw_os_error().unwrap_or(libc::ENOMEM),
         E::Prefault(source) => source.raw_os_error().unwrap_or(libc::ENOMEM),
         E::NoSpace { .. } => libc::ENOSPC,
         E::Exists { .. } => libc::EEXIST,
         E::NotCached { .. } => libc::ENOENT,
-        E::FolioLocked | E::OpenConflict { .. } => libc::EBUSY,
+        E::FolioLocked | E::OpenConflict { .. } | E::FolioWriteback { .. } => libc::EBUSY,
         E::FileTooLarge { .. } => libc::EFBIG,
-        E::Open { source, .. } | E::Io { source, .. } | E::Engine(source) => os(source),
+        E::Open { source, .. }
+        | E::Io { source, .. }
+        | E::Engine(source)
+        | E::Writeback { source } => os(source),
         E::NoDirectIo { .. } | E::NotADiskFile => libc::EOPNOTSUPP,
         E::ReadOnly => libc::EROFS,
         E::FaultOutOfRange { .. } => libc::EFAULT,

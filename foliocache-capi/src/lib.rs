@@ -55,15 +55,32 @@ pub struct foliocache_settings {
     pub huge_pages: bool,
     /// Fault the whole arena in when the cache is made. Default false.
     pub prefault: bool,
+    /// Share of the arena dirty data may reach before background writeback starts, in
+    /// `(0, 1]`. Default 0.10 (the kernel's `dirty_background_ratio`).
+    pub dirty_background_ratio: f64,
+    /// Share of the arena dirty data and data under writeback may reach before writers are
+    /// throttled, in `(0, 1]`. Default 0.20 (the kernel's `dirty_ratio`).
+    pub dirty_ratio: f64,
+    /// Milliseconds data may stay dirty before the background flusher writes it. Default
+    /// 30000 (the kernel's `dirty_expire_centisecs`).
+    pub dirty_expire_ms: u64,
+    /// Write-behind: bytes of a sequential writer's data behind it that start its writeback
+    /// without waiting for a sync (0: off). Default 4 MiB.
+    pub write_behind_bytes: u64,
 }
 
 /// Options for [`foliocache_open`]. Start from [`foliocache_open_options_default`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct foliocache_open_options {
-    /// Open for writing. Not supported yet (the library's write path is not merged): opening
-    /// with `write` set fails with `-EROFS`.
+    /// Open for writing: [`foliocache_write_at`] puts data in the cache as dirty pages, which
+    /// reach the file by writeback ([`foliocache_fsync`]). Default false.
     pub write: bool,
+    /// Create the file if it does not exist (mode 0644 before the umask); implies `write`.
+    /// Default false.
+    pub create: bool,
+    /// Truncate the file to 0 bytes when opened; implies `write`. Default false.
+    pub truncate: bool,
     /// On a file system without direct I/O (tmpfs, or O_DIRECT refused), read through the
     /// kernel's page cache instead of failing with `-EOPNOTSUPP`. Default false.
     pub buffered_fallback: bool,
@@ -87,13 +104,20 @@ pub struct foliocache_cache_stats {
     pub evicted_pages: u64,
     /// Evicted folios read in again soon after (refaults).
     pub refaults: u64,
+    /// Pages dirty now (written, not yet written back).
+    pub dirty_pages: u64,
+    /// Pages under writeback now.
+    pub writeback_pages: u64,
+    /// Pages written back to storage, ever.
+    pub written_pages: u64,
 }
 
 /// Counters of one file ([`foliocache_get_file_stats`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct foliocache_file_stats {
-    /// The file size in bytes (taken when it was opened).
+    /// The file size in bytes (as this cache has it: writes and `foliocache_set_len` change
+    /// it).
     pub size: u64,
     /// Pages of this file now in the cache.
     pub cached_pages: u64,
@@ -111,6 +135,10 @@ pub struct foliocache_file_stats {
     pub device_bytes: u64,
     /// Device reads that failed.
     pub device_errors: u64,
+    /// Pages of this file dirty now.
+    pub dirty_pages: u64,
+    /// Pages of this file under writeback now.
+    pub writeback_pages: u64,
 }
 
 /// A cache (opaque).
@@ -121,7 +149,9 @@ pub struct foliocache_cache {
 /// An open file (opaque).
 pub struct foliocache_file {
     file: File,
-    /// The file's readahead state; a reader that finds it busy uses a fresh one.
+    /// The file's readahead state and its place in the writeback error sequence; a reader or
+    /// writer that finds it busy uses a fresh one, a sync waits for it (so that each writeback
+    /// error is reported once per open file, as the kernel does per `struct file`).
     handle: Mutex<Handle>,
 }
 
@@ -158,6 +188,10 @@ pub unsafe extern "C" fn foliocache_settings_default(out: *mut foliocache_settin
             max_order: foliocache::MAX_ORDER,
             huge_pages: true,
             prefault: false,
+            dirty_background_ratio: 0.10,
+            dirty_ratio: 0.20,
+            dirty_expire_ms: 30_000,
+            write_behind_bytes: 4 << 20,
         };
         // SAFETY: `out` is not null and, by the caller's promise, points to writable memory
         // for one settings struct; `write` does not read the old (possibly uninitialised) value.
@@ -195,6 +229,10 @@ pub unsafe extern "C" fn foliocache_cache_new(
             .max_order(settings.max_order)
             .huge_pages(settings.huge_pages)
             .prefault(settings.prefault)
+            .dirty_background_ratio(settings.dirty_background_ratio)
+            .dirty_ratio(settings.dirty_ratio)
+            .dirty_expire(std::time::Duration::from_millis(settings.dirty_expire_ms))
+            .write_behind_bytes(settings.write_behind_bytes)
             .build()?;
         let boxed = Box::into_raw(Box::new(foliocache_cache { cache }));
         // SAFETY: `out` is not null and by the caller's promise writable.
@@ -233,6 +271,8 @@ pub unsafe extern "C" fn foliocache_open_options_default(
         let out = non_null_mut(out, "out")?;
         let defaults = foliocache_open_options {
             write: false,
+            create: false,
+            truncate: false,
             buffered_fallback: false,
             max_order: -1,
         };
@@ -244,8 +284,11 @@ pub unsafe extern "C" fn foliocache_open_options_default(
 
 /// Opens the file at `path` (a NUL-terminated string) through `cache`, with `options` (null:
 /// the defaults), and stores it in `*out`. The file is read with O_DIRECT; its size is taken
-/// now. Errors: the open's errno (-ENOENT, -EACCES, ...), -EOPNOTSUPP on a file system without
-/// direct I/O (unless `buffered_fallback`), -EROFS when `write` is asked (not supported yet).
+/// now, and the cache keeps it from then on (its own writes change it; a change by another
+/// program is seen when the file is opened again). Errors: the open's errno (-ENOENT,
+/// -EACCES, ...), -EOPNOTSUPP on a file system without direct I/O (unless
+/// `buffered_fallback`), -EBUSY when the cache has the file open with other `max_order` or
+/// `buffered_fallback` options.
 ///
 /// # Safety
 /// `cache` is a live cache or null; `path` is null or a NUL-terminated string; `options` is
@@ -271,6 +314,8 @@ pub unsafe extern "C" fn foliocache_open(
         let options = if options.is_null() {
             foliocache_open_options {
                 write: false,
+                create: false,
+                truncate: false,
                 buffered_fallback: false,
                 max_order: -1,
             }
@@ -278,13 +323,11 @@ pub unsafe extern "C" fn foliocache_open(
             // SAFETY: not null, and by the caller's promise a valid options struct.
             unsafe { options.read() }
         };
-        if options.write {
-            return Err(Fail::new(
-                libc::EROFS,
-                "writable files need foliocache's write path, which is not available yet",
-            ));
-        }
-        let mut open = OpenOptions::new().buffered_fallback(options.buffered_fallback);
+        let mut open = OpenOptions::new()
+            .buffered_fallback(options.buffered_fallback)
+            .write(options.write)
+            .create(options.create)
+            .truncate(options.truncate);
         if options.max_order >= 0 {
             let order = u8::try_from(options.max_order)
                 .map_err(|_| Fail::new(libc::EINVAL, "max_order must be -1 or 0..=9"))?;
@@ -311,7 +354,9 @@ fn path_of(path: &CStr) -> Result<&std::path::Path, Fail> {
 }
 
 /// Closes a file from [`foliocache_open`] (null is ignored). Its cached pages stay in the cache
-/// until evicted. Returns 0.
+/// until evicted; when it was the cache's last open of a written file, its dirty data is
+/// written back first (errors of that writeback are not reported: call [`foliocache_fsync`]
+/// before closing to see them, as with `close(2)`). Returns 0.
 ///
 /// # Safety
 /// `file` is null or a file from `foliocache_open` not closed before.
@@ -360,11 +405,15 @@ pub unsafe extern "C" fn foliocache_read_at(
     })
 }
 
-/// Writes `len` bytes of `buf` at `offset`. Not supported yet (files are read only until the
-/// library's write path is merged): returns -EROFS.
+/// Writes the `len` bytes of `buf` at `offset` into the cache (dirty pages, written back
+/// later), growing the file if it ends past its size. Returns `len`, or a negative errno:
+/// -EBADF for a file not opened for writing, -ENOSPC when the cache cannot make room, -EIO
+/// when a page that must be read first (a partial page not cached) cannot be. A sequential
+/// writer's data is written back behind it as it goes (write-behind).
 ///
 /// # Safety
-/// `file` is null or a live file; `buf` is null only if `len` is 0.
+/// `file` is null or a live file; `buf` is null only if `len` is 0, else it points to `len`
+/// readable bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn foliocache_write_at(
     file: *const foliocache_file,
@@ -373,35 +422,88 @@ pub unsafe extern "C" fn foliocache_write_at(
     offset: u64,
 ) -> i64 {
     guard(|| {
-        file_ref(file)?;
-        if buf.is_null() && len > 0 {
+        let file = file_ref(file)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        if buf.is_null() {
             return Err(null_arg("buf"));
         }
-        let _ = offset;
-        Err(Fail::new(
-            libc::EROFS,
-            "files are read only until foliocache's write path is available",
-        ))
+        if len > isize::MAX as usize {
+            return Err(Fail::new(libc::EINVAL, "len is larger than isize::MAX"));
+        }
+        // SAFETY: not null, len ≤ isize::MAX, and by the caller's promise `len` readable bytes
+        // that nothing writes during the call.
+        let data = unsafe { std::slice::from_raw_parts(buf.cast::<u8>(), len) };
+        let n = file
+            .with_handle(|handle| handle.write_at(data, offset))
+            .map_err(write_fail)?;
+        Ok(n as i64)
     })
 }
 
-/// Flushes the file's written data and metadata to the device. Files are read only for now,
-/// so there is nothing to write back: returns 0 (or -EINVAL for a null file).
+/// A write to a file not opened for writing is -EBADF, as `write(2)` on a read-only fd.
+fn write_fail(error: foliocache::Error) -> Fail {
+    match error {
+        foliocache::Error::ReadOnly => {
+            Fail::new(libc::EBADF, "the file was not opened for writing")
+        }
+        other => other.into(),
+    }
+}
+
+/// Sets the file's size (`ftruncate(2)`): shrinking drops what lies past the new end, growing
+/// adds a hole. The size on storage is set at once. Returns 0 or a negative errno (-EBADF for
+/// a file not opened for writing).
+///
+/// # Safety
+/// `file` is null or a live file.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn foliocache_set_len(file: *const foliocache_file, len: u64) -> c_int {
+    guard_int(|| {
+        let file = file_ref(file)?;
+        if i64::try_from(len).is_err() {
+            return Err(Fail::new(libc::EFBIG, "len is larger than i64::MAX"));
+        }
+        file.file.set_len(len).map_err(write_fail)?;
+        Ok(0)
+    })
+}
+
+/// Writes back the file's dirty data, waits for it, and has the file system make the file
+/// durable (`fsync(2)`). Returns 0, or the negative errno of a writeback error since this
+/// open file last synced (each error reported once to every file open when it happened, the
+/// kernel's errseq rules). A failed write's data stays dirty and this call retries it: 0
+/// means all data written before the call is on storage. When no open in this cache may
+/// write the file, there is nothing to write back and it only reports errors.
 ///
 /// # Safety
 /// `file` is null or a live file.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn foliocache_fsync(file: *const foliocache_file) -> c_int {
-    guard_int(|| file_ref(file).map(|_| 0))
+    guard_int(|| sync(file, false))
 }
 
-/// As [`foliocache_fsync`], data only. Returns 0 (nothing is written back yet).
+/// As [`foliocache_fsync`], with `fdatasync(2)`: timestamps may stay behind, size and data do
+/// not.
 ///
 /// # Safety
 /// `file` is null or a live file.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn foliocache_fdatasync(file: *const foliocache_file) -> c_int {
-    guard_int(|| file_ref(file).map(|_| 0))
+    guard_int(|| sync(file, true))
+}
+
+fn sync(file: *const foliocache_file, data_only: bool) -> Result<i64, Fail> {
+    let file = file_ref(file)?;
+    // The shared handle carries this open file's place in the error sequence: wait for it.
+    let mut handle = file.handle.lock().unwrap_or_else(PoisonError::into_inner);
+    if data_only {
+        handle.sync_data()?;
+    } else {
+        handle.sync_all()?;
+    }
+    Ok(0)
 }
 
 /// Advice on the access pattern, as `posix_fadvise`: one of the `FOLIOCACHE_ADVICE_*` values.
@@ -469,7 +571,7 @@ pub unsafe extern "C" fn foliocache_drop_cached(
     })
 }
 
-/// The file size in bytes (as taken when it was opened), or a negative errno.
+/// The file size in bytes (as this cache has it), or a negative errno.
 ///
 /// # Safety
 /// `file` is null or a live file.
@@ -506,6 +608,8 @@ pub unsafe extern "C" fn foliocache_get_file_stats(
             device_requests: io.requests,
             device_bytes: io.bytes,
             device_errors: io.errors,
+            dirty_pages: mapping.dirty_pages,
+            writeback_pages: mapping.writeback_pages,
         };
         // SAFETY: not null, and by the caller's promise writable.
         unsafe { out.write(stats) };
@@ -535,6 +639,9 @@ pub unsafe extern "C" fn foliocache_get_cache_stats(
             evicted_folios: reclaim.evicted_folios,
             evicted_pages: reclaim.evicted_pages,
             refaults: reclaim.refaults,
+            dirty_pages: stats.dirty.dirty_pages,
+            writeback_pages: stats.dirty.writeback_pages,
+            written_pages: stats.dirty.written_pages,
         };
         // SAFETY: not null, and by the caller's promise writable.
         unsafe { out.write(value) };

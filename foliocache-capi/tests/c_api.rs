@@ -1,5 +1,6 @@
 //! The C API from C: the checked-in header is what cbindgen makes of the sources today, and the
-//! example program (`examples/cat.c`) compiles with gcc and prints files byte for byte.
+//! example programs compile with gcc and work: `examples/cat.c` prints files byte for byte,
+//! `examples/append.c` writes a log with syncs and a truncation that storage then holds.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -101,25 +102,9 @@ fn c_example_prints_files_byte_for_byte() {
         "libfoliocache_capi.so not built in {}",
         lib_dir.display()
     );
-    if Command::new("gcc").arg("--version").output().is_err() {
-        return missing("gcc not found");
-    }
-    // On the checkout's file system (the system temporary directory may be tmpfs, which has
-    // no direct I/O).
-    let work = lib_dir.join(format!("capi-test-{}", std::process::id()));
-    std::fs::create_dir_all(&work).unwrap();
-    let exe = work.join("fc-cat");
-    let status = Command::new("gcc")
-        .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
-        .arg(crate_dir().join("include"))
-        .arg(crate_dir().join("examples/cat.c"))
-        .arg("-L")
-        .arg(&lib_dir)
-        .args(["-lfoliocache_capi", "-o"])
-        .arg(&exe)
-        .status()
-        .expect("run gcc");
-    assert!(status.success(), "gcc failed to compile examples/cat.c");
+    let Some((work, exe)) = compile_example("cat", &lib_dir) else {
+        return;
+    };
 
     let mut files = Vec::new();
     let mut expected = Vec::new();
@@ -157,5 +142,77 @@ fn c_example_prints_files_byte_for_byte() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("No such file"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+/// Compiles `examples/NAME.c` against the library in `lib_dir`, in a fresh work directory on
+/// the checkout's file system (the system temporary directory may be tmpfs, which has no
+/// direct I/O). `None`: gcc is missing (and skipping is allowed).
+fn compile_example(name: &str, lib_dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    if Command::new("gcc").arg("--version").output().is_err() {
+        missing("gcc not found");
+        return None;
+    }
+    let work = lib_dir.join(format!("capi-test-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&work).unwrap();
+    let exe = work.join(format!("fc-{name}"));
+    let status = Command::new("gcc")
+        .args(["-Wall", "-Wextra", "-Werror", "-O2", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(crate_dir().join(format!("examples/{name}.c")))
+        .arg("-L")
+        .arg(lib_dir)
+        .args(["-lfoliocache_capi", "-o"])
+        .arg(&exe)
+        .status()
+        .expect("run gcc");
+    assert!(status.success(), "gcc failed to compile examples/{name}.c");
+    Some((work, exe))
+}
+
+/// Record `k` of `examples/append.c`.
+fn record(k: u64) -> Vec<u8> {
+    let mut out = format!("record {k:08} ").into_bytes();
+    for i in 0..k % 200 {
+        out.push(b'a' + ((k + i) % 26) as u8);
+    }
+    out.push(b'\n');
+    out
+}
+
+#[test]
+fn c_example_writes_a_log_that_storage_holds_byte_for_byte() {
+    let lib_dir = profile_dir();
+    build_cdylib(&lib_dir);
+    let Some((work, exe)) = compile_example("append", &lib_dir) else {
+        return;
+    };
+    let log = work.join("log");
+    // Something to truncate: the example opens with create and truncate.
+    std::fs::write(&log, vec![b'x'; 3 << 20]).unwrap();
+    let records = 20_000u64;
+    let out = Command::new(&exe)
+        .arg(&log)
+        .arg(records.to_string())
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .output()
+        .expect("run fc-append");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "fc-append failed: {stderr}");
+    let expected: Vec<u8> = (0..records).flat_map(record).collect();
+    let on_disk = std::fs::read(&log).unwrap();
+    assert_eq!(on_disk.len(), expected.len(), "the log's size on storage");
+    assert!(on_disk == expected, "the log on storage differs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("{} bytes in {records} records", expected.len())),
+        "{stdout}"
+    );
+    // Bad arguments: usage and status 2.
+    let out = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &lib_dir)
+        .output()
+        .expect("run fc-append");
+    assert_eq!(out.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&work);
 }
