@@ -199,16 +199,53 @@ impl Inode {
             return Ok(unchanged(self.mapping.size()));
         }
         *last = Some(now);
+        // Data this cache holds dirty past the end on storage (appends not yet written back)
+        // is newer than storage: the size it made stays.
+        let size = if self.mapping.size() > now.size && self.holds_dirty_from(now.size) {
+            self.mapping.size()
+        } else {
+            now.size
+        };
         // Readers check the size before they look at pages: publish it first.
-        self.mapping.set_size(now.size);
+        self.mapping.set_size(size);
         let dropped = self
             .mapping
             .truncate_unless(.., |flags| flags & (flag::DIRTY | flag::WRITEBACK) != 0);
         Ok(Revalidated {
             changed: true,
-            size: now.size,
+            size,
             dropped_pages: dropped,
         })
+    }
+
+    /// Whether a folio at or past byte `pos` is dirty or under writeback.
+    fn holds_dirty_from(&self, pos: u64) -> bool {
+        use crate::index::Mark;
+        let first = pos >> crate::mem::PAGE_SHIFT;
+        [Mark::Dirty, Mark::Writeback]
+            .into_iter()
+            .any(|mark| self.mapping.next_marked(first, u64::MAX, mark).is_some())
+    }
+
+    /// Runs `change`, a change this cache makes to the file on storage (writeback, setting
+    /// the size, fallocate, hole punching), and keeps the stamp revalidation compares with
+    /// current: if storage looked as last checked before the change, the stamp after it is
+    /// taken, so that the cache's own changes are not mistaken for another program's (which
+    /// would drop every clean page at the next open). Callers hold the pass lock, so the
+    /// cache's own changes do not interleave; another program's change made during `change` is
+    /// missed, as one within a clock tick is.
+    pub(crate) fn own_change<T>(&self, change: impl FnOnce() -> T) -> T {
+        let Some(disk) = self.disk() else {
+            return change();
+        };
+        let before = disk.backend.stamp().ok().flatten();
+        let out = change();
+        let after = disk.backend.stamp().ok().flatten();
+        let mut last = disk.stamp.lock().unwrap_or_else(PoisonError::into_inner);
+        if before.is_some() && *last == before {
+            *last = after;
+        }
+        out
     }
 
     /// Where reads issued now end: bytes past it are zeroed when they arrive. The smaller of

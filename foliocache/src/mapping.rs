@@ -843,6 +843,14 @@ impl Mapping {
         self.lock().get_mark(index, mark)
     }
 
+    /// The first page of the first folio carrying `mark` that covers a page in
+    /// `first..=last`.
+    pub fn next_marked(&self, first: u64, last: u64, mark: Mark) -> Option<u64> {
+        self.lock()
+            .next_marked(first, last, mark)
+            .map(|(index, _)| index)
+    }
+
     /// Marks Dirty → ToWrite over pages `first..=last` (the kernel's
     /// `tag_pages_for_writeback`): an integrity sync then writes exactly the folios dirty when
     /// it began, however fast writers dirty new ones (no livelock). Returns the folios tagged.

@@ -268,18 +268,20 @@ impl Inode {
             write_back(self, first, last, crate::writeback::SyncMode::All)?;
         }
         let _no_pass = disk.wb.pass_lock();
-        if len < size {
-            // Readers check the size before they look at pages: publish it first.
-            self.mapping.set_size(len);
-            direct.set_size(len)?;
-            // The folio holding the new end may start before its page (a large one).
-            self.drop_pages(len >> PAGE_SHIFT, len >> PAGE_SHIFT);
-            self.mapping.truncate_unless(len >> PAGE_SHIFT.., |_| false);
-        } else if len > size {
-            direct.set_size(len)?;
-            self.mapping.set_size(len);
-        }
-        Ok(())
+        self.own_change(|| {
+            if len < size {
+                // Readers check the size before they look at pages: publish it first.
+                self.mapping.set_size(len);
+                direct.set_size(len)?;
+                // The folio holding the new end may start before its page (a large one).
+                self.drop_pages(len >> PAGE_SHIFT, len >> PAGE_SHIFT);
+                self.mapping.truncate_unless(len >> PAGE_SHIFT.., |_| false);
+            } else if len > size {
+                direct.set_size(len)?;
+                self.mapping.set_size(len);
+            }
+            Ok(())
+        })
     }
 
     /// Punches a hole: `offset..offset + len` reads as zeros and its blocks are deallocated on
@@ -306,13 +308,15 @@ impl Inode {
             }
         }
         let _no_pass = disk.wb.pass_lock();
-        direct
-            .fallocate(offset, len, true)
-            .map_err(|source| Error::Io {
-                offset,
-                len,
-                source,
-            })?;
+        self.own_change(|| {
+            direct
+                .fallocate(offset, len, true)
+                .map_err(|source| Error::Io {
+                    offset,
+                    len,
+                    source,
+                })
+        })?;
         self.drop_pages(first_page, last_page);
         Ok(())
     }
@@ -351,13 +355,16 @@ impl Inode {
         let disk = self.disk().ok_or(Error::NotADiskFile)?;
         let direct = disk.direct.as_ref().ok_or(Error::ReadOnly)?;
         let _changing = self.lock_changes();
-        direct
-            .fallocate(offset, len, false)
-            .map_err(|source| Error::Io {
-                offset,
-                len,
-                source,
-            })?;
+        let _no_pass = disk.wb.pass_lock();
+        self.own_change(|| {
+            direct
+                .fallocate(offset, len, false)
+                .map_err(|source| Error::Io {
+                    offset,
+                    len,
+                    source,
+                })
+        })?;
         if end > self.mapping.size() {
             self.mapping.set_size(end);
         }

@@ -304,6 +304,22 @@ pub(crate) fn write_back(
         return Ok(Outcome::default()); // a custom backend: read only, never dirty
     };
     let _one_pass = disk.wb.pass_lock();
+    if inode.mapping.dirty_pages() == 0 {
+        return Ok(Outcome::default());
+    }
+    // The writes change the file's times on storage: the cache's own change.
+    inode.own_change(|| pass(inode, direct, first, last, mode))
+}
+
+/// [`write_back`]'s pass, under the pass lock.
+fn pass(
+    inode: &Arc<Inode>,
+    direct: &crate::io::DirectFile,
+    first: u64,
+    last: u64,
+    mode: SyncMode,
+) -> Result<Outcome, Error> {
+    let disk = inode.disk().expect("a file from storage");
     let mapping = &inode.mapping;
     let (mark, budget) = match mode {
         SyncMode::All => {

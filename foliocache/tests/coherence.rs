@@ -205,3 +205,54 @@ fn files_are_shared_per_inode_and_layout_conflicts_are_errors() {
     assert_ne!(foliocache::raw::mapping(&c).id(), id);
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn the_caches_own_writeback_and_truncation_are_not_taken_for_another_programs_changes() {
+    let path = path("coherence-own-changes");
+    std::fs::write(&path, content(1, 100_000)).unwrap();
+    let cache = Cache::builder().capacity(16 << 20).build().unwrap();
+    let Some(_probe) = open(&cache, &path) else {
+        return;
+    };
+    drop(_probe);
+    let file = cache
+        .open_with(&path, OpenOptions::new().write(true))
+        .unwrap();
+    let mut handle = file.handle();
+    let mut model = content(1, 100_000);
+    // Write, write back (storage's times move), then append past the size on storage and
+    // open again (revalidating): the append must stay, size and bytes.
+    let sleep = || std::thread::sleep(std::time::Duration::from_millis(25));
+    handle.write_at(&content(2, 5000), 1000).unwrap();
+    model[1000..6000].copy_from_slice(&content(2, 5000));
+    handle.sync_all().unwrap();
+    sleep();
+    handle.write_at(&content(3, 50_000), 100_000).unwrap();
+    model.extend_from_slice(&content(3, 50_000));
+    let again = cache
+        .open_with(&path, OpenOptions::new().write(true))
+        .unwrap();
+    assert_eq!(again.size(), 150_000, "the append survives a reopen");
+    assert!(read_whole(&again) == model);
+    // Clean pages the cache wrote itself stay cached across a reopen.
+    handle.sync_all().unwrap();
+    sleep();
+    file.set_len(120_000).unwrap();
+    model.truncate(120_000);
+    sleep();
+    let cached = file.mapping_stats().cached_pages;
+    assert!(cached > 0);
+    let again = cache.open(&path).unwrap();
+    assert_eq!(again.size(), 120_000);
+    assert_eq!(
+        again.mapping_stats().cached_pages,
+        cached,
+        "the cache's own changes made a reopen drop its pages"
+    );
+    assert!(read_whole(&again) == model);
+    // Another program's change is still seen.
+    child_writes(&path, 4, 70_000, true);
+    let again = cache.open(&path).unwrap();
+    assert_eq!(again.size(), 70_000);
+    assert!(read_whole(&again) == content(4, 70_000));
+}
