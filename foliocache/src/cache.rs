@@ -4,10 +4,11 @@ use crate::core::CacheCore;
 use crate::dirty::{Dirty, DirtySettings, DirtyStats};
 use crate::error::Error;
 use crate::file::File;
-use crate::inode::{FileTable, Inode, Opened};
+use crate::inode::Inode;
 use crate::io::{Backend, DirectFile, EngineKind, OpenOptions};
 use crate::mapping::Mapping;
 use crate::mem::{MAX_ORDER, METADATA_BYTES_PER_PAGE, Memory, PAGE_SHIFT, PAGE_SIZE};
+use crate::opened::{FileTable, Opened};
 use crate::policy::Policy;
 use crate::readahead::DEFAULT_RA_PAGES;
 use crate::reclaim::{Reclaim, ReclaimStats};
@@ -383,7 +384,7 @@ impl Cache {
             });
         }
         let inode = Inode::new_memory(&self.inner, self.new_mapping(), max_order);
-        Ok(File::from_opened(Arc::new(Opened { inode })))
+        Ok(File::from_opened(Opened::apart(inode)))
     }
 
     /// Opens a file from storage for reading through this cache, with O_DIRECT (see
@@ -420,7 +421,7 @@ impl Cache {
                 })?;
         }
         let engine = self.inner.engine()?;
-        let open = |table| -> Result<Arc<Inode>, Error> {
+        let open = |shared| -> Result<Arc<Inode>, Error> {
             let direct = Arc::new(DirectFile::open(path, options, Arc::clone(&engine))?);
             Inode::new_disk(
                 &self.inner,
@@ -429,7 +430,7 @@ impl Cache {
                 policy,
                 Arc::clone(&direct) as Arc<dyn Backend>,
                 Some(direct),
-                table,
+                shared,
             )
         };
         if !options.shared {
@@ -439,15 +440,15 @@ impl Cache {
                     reason: "a file opened apart (shared(false)) is read only".to_owned(),
                 });
             }
-            let inode = open(None)?;
-            return Ok(File::from_opened(Arc::new(Opened { inode })));
+            let inode = open(false)?;
+            return Ok(File::from_opened(Opened::apart(inode)));
         }
         let meta = std::fs::metadata(path).map_err(|source| Error::Open {
             path: path.to_owned(),
             source,
         })?;
         let key = (meta.dev(), meta.ino());
-        let (opened, created) = self.files.get_or_open(key, open)?;
+        let (opened, created) = self.files.get_or_open(key, || open(true))?;
         let inode = &opened.inode;
         if !created {
             if inode.max_order != max_order || inode.policy.insert != policy.insert {
@@ -498,9 +499,9 @@ impl Cache {
             self.inner.policy,
             backend,
             None,
-            None,
+            false,
         )?;
-        Ok(File::from_opened(Arc::new(Opened { inode })))
+        Ok(File::from_opened(Opened::apart(inode)))
     }
 
     fn checked_order(&self, order: Option<u8>) -> Result<u8, Error> {

@@ -7,10 +7,11 @@
 
 use crate::error::Error;
 use crate::inode::Inode;
-use crate::inode::{Opened, Revalidated};
+use crate::inode::Revalidated;
 use crate::io::IoStats;
 use crate::mapping::{Mapping, MappingStats, RemoveError};
 use crate::mem::{PAGE_SHIFT, PAGE_SIZE};
+use crate::opened::Opened;
 use crate::policy::{Policy, ReadPolicy, SmallReadPolicy};
 use crate::read::{self, ReadRun};
 use crate::readahead::{self, RaState};

@@ -4,18 +4,15 @@
 //! the read path, readahead, faults and writes all work on an `Inode`.
 
 use crate::core::CacheCore;
-use crate::dirty::Flushable;
 use crate::error::Error;
 use crate::io::{Backend, DirectFile, FileStamp, IoCounters};
 use crate::mapping::Mapping;
 use crate::mem::flag;
 use crate::policy::Policy;
-use crate::readahead::Geometry;
 use crate::reclaim::Evictable;
 use crate::stats::RaCounters;
-use crate::writeback::{SyncMode, WbState, write_back};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use crate::wbstate::WbState;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// One file's shared state (see the module documentation).
 #[derive(Debug)]
@@ -40,71 +37,13 @@ pub(crate) struct DiskSource {
     pub(crate) ra: RaCounters,
     /// How the file looked when last checked (at open, or by `revalidate`).
     stamp: Mutex<Option<FileStamp>>,
-    /// Where this file is registered in its cache's file table (a shared file), if it is.
-    table: Option<(Arc<FileTable>, (u64, u64))>,
+    /// Whether this is the cache's one shared file for its inode (only such a file may be
+    /// written: a file opened apart is read only).
+    shared: bool,
     /// The file's direct-I/O backend, for writes (`None` for a custom backend: read only).
     pub(crate) direct: Option<Arc<DirectFile>>,
     /// Writeback state: one pass at a time, errors, when the file became dirty.
     pub(crate) wb: WbState,
-}
-
-/// The files a cache has open from storage, by device and inode number: opening a file that is
-/// already open gives the same [`File`](crate::File), so everyone who opens it shares one
-/// cache of it, as the kernel keeps one page cache per inode.
-#[derive(Debug, Default)]
-pub(crate) struct FileTable {
-    files: Mutex<HashMap<(u64, u64), Weak<Opened>>>,
-}
-
-impl FileTable {
-    /// The open file with this identity, or the one `open` makes (registered here). The table
-    /// is locked meanwhile, so two openers of one new file get one file.
-    pub(crate) fn get_or_open(
-        self: &Arc<Self>,
-        key: (u64, u64),
-        open: impl FnOnce(Option<(Arc<FileTable>, (u64, u64))>) -> Result<Arc<Inode>, Error>,
-    ) -> Result<(Arc<Opened>, bool), Error> {
-        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(opened) = files.get(&key).and_then(Weak::upgrade) {
-            return Ok((opened, false));
-        }
-        let opened = Arc::new(Opened {
-            inode: open(Some((Arc::clone(self), key)))?,
-        });
-        files.insert(key, Arc::downgrade(&opened));
-        Ok((opened, true))
-    }
-
-    /// Forgets `key` if its file is gone (called as the file drops).
-    fn forget(&self, key: (u64, u64)) {
-        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        if files.get(&key).is_some_and(|weak| weak.strong_count() == 0) {
-            files.remove(&key);
-        }
-    }
-}
-
-/// A file as its users hold it (every [`File`](crate::File) clone shares one): when the last
-/// one lets go, the file's dirty data is written back and waited for (the cache is private, so
-/// nobody else could write it later), and a shared file leaves its cache's file table. Write
-/// errors there have nobody left to report to; a user who cares syncs before letting go.
-#[derive(Debug)]
-pub(crate) struct Opened {
-    pub(crate) inode: Arc<Inode>,
-}
-
-impl Drop for Opened {
-    fn drop(&mut self) {
-        // Write back what is dirty and wait, including for a flusher's pass still under way
-        // (its writes may be done while it has yet to set the size on storage exactly): the
-        // pass lock waits for it.
-        if self.inode.writable().is_ok() {
-            let _ = write_back(&self.inode, 0, u64::MAX, SyncMode::All);
-        }
-        if let Some((table, key)) = self.inode.disk().and_then(|disk| disk.table.as_ref()) {
-            table.forget(*key);
-        }
-    }
 }
 
 /// The outcome of [`File::revalidate`](crate::File::revalidate).
@@ -141,7 +80,7 @@ impl Inode {
         policy: Policy,
         backend: Arc<dyn Backend>,
         direct: Option<Arc<DirectFile>>,
-        table: Option<(Arc<FileTable>, (u64, u64))>,
+        shared: bool,
     ) -> Result<Arc<Self>, Error> {
         let stamp = backend.stamp().map_err(|source| Error::Io {
             offset: 0,
@@ -159,7 +98,7 @@ impl Inode {
                 io: Arc::default(),
                 ra: RaCounters::default(),
                 stamp: Mutex::new(stamp),
-                table,
+                shared,
                 direct,
                 wb: WbState::default(),
             }),
@@ -261,21 +200,13 @@ impl Inode {
         self.source.as_ref()
     }
 
-    pub(crate) fn geometry(&self) -> Geometry {
-        Geometry {
-            max_order: self.max_order,
-            io_pages: self.core.io_pages,
-            file_size: self.mapping.size(),
-        }
-    }
-
     /// Whether this file may be changed through the cache: a memory file, or a file from
     /// storage opened for writing (shared: a file opened apart is read only).
     pub(crate) fn writable(&self) -> Result<(), Error> {
         match &self.source {
             None => Ok(()),
             Some(disk) => match &disk.direct {
-                Some(direct) if disk.table.is_some() && direct.write_fd().is_ok() => Ok(()),
+                Some(direct) if disk.shared && direct.write_fd().is_ok() => Ok(()),
                 _ => Err(Error::ReadOnly),
             },
         }
@@ -292,21 +223,6 @@ impl Inode {
 impl Evictable for Inode {
     fn mapping(&self) -> &Mapping {
         &self.mapping
-    }
-}
-
-impl Flushable for Inode {
-    fn flush(self: Arc<Self>, first: u64, last: u64, pages: u64) -> u64 {
-        let mode = if pages == u64::MAX {
-            SyncMode::All
-        } else {
-            SyncMode::None(pages)
-        };
-        write_back(&self, first, last, mode).map_or(0, |outcome| outcome.pages)
-    }
-
-    fn dirtied_when(&self) -> Option<std::time::Instant> {
-        self.disk().and_then(|disk| disk.wb.dirtied_when())
     }
 }
 

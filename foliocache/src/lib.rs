@@ -54,6 +54,7 @@ mod io;
 mod mapping;
 mod mem;
 mod memfile;
+mod opened;
 mod policy;
 pub mod raw;
 mod read;
@@ -61,6 +62,7 @@ mod readahead;
 mod reclaim;
 mod stats;
 mod sync;
+mod wbstate;
 mod write;
 mod writeback;
 

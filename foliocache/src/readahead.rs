@@ -434,6 +434,17 @@ impl Geometry {
     }
 }
 
+impl Inode {
+    /// The file's geometry for planning fills.
+    pub(crate) fn geometry(&self) -> Geometry {
+        Geometry {
+            max_order: self.max_order,
+            io_pages: self.core.io_pages,
+            file_size: self.mapping.size(),
+        }
+    }
+}
+
 /// Which decision made a fill (for counters and traces).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {
