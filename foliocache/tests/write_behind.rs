@@ -1,5 +1,5 @@
 //! Write-behind: a handle writing sequentially has the data behind it written back without a
-//! sync, in whole 2 MiB units, never the unit it is filling; random writes, `File::write_at`
+//! sync, in the 2 MiB units it wrote whole, never the unit it is filling; random writes, `File::write_at`
 //! and a cache with write-behind off leave everything dirty until something else writes it.
 //! The flusher's other triggers (expiry, interval, background threshold) are set out of reach,
 //! so any writeback seen here is write-behind's.
