@@ -496,7 +496,7 @@ fn read_locked_folio(file: &Inode, ra: &mut RaState, locked: LockedFolio<'_>) ->
     let folio = locked.folio().clone();
     folio.clear(flag::ERROR);
     let offset = folio.index() << PAGE_SHIFT;
-    disk.backend.submit(vec![ReadRequest::new(
+    disk.backend.read_now(vec![ReadRequest::new(
         Arc::clone(&file.core.mem),
         Arc::clone(&disk.io),
         vec![locked],

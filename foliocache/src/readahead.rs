@@ -717,10 +717,17 @@ impl RaCounters {
 /// Carries out `fill` for `file` (the decision already updated `ra`): allocates, inserts and
 /// submits. Returns the number of pages inserted.
 pub(crate) fn fill(file: &Arc<Inode>, ra: &mut RaState, what: Fill) -> u64 {
+    fill_for(file, ra, what, false)
+}
+
+/// [`fill`], for a reader that waits for the fill at once (`waits`: a miss), whose reads the
+/// backend may then do in the calling thread (`Backend::read_now`).
+fn fill_for(file: &Arc<Inode>, ra: &mut RaState, what: Fill, waits: bool) -> u64 {
     let Some(disk) = file.disk() else { return 0 };
     let geometry = file.geometry();
     let counters = &disk.ra;
     let mut out = Submission::new(file, disk);
+    out.waits = waits;
     match what {
         Fill::Window => {
             counters.windows.inc();
@@ -779,7 +786,7 @@ pub(crate) fn on_miss(file: &Arc<Inode>, ra: &mut RaState, index: u64, req: u64)
     let probe = XaWalk(&file.mapping);
     let (trigger, what) = sync_ra(ra, index, req, &file.geometry(), &probe);
     disk.ra.count(trigger);
-    fill(file, ra, what);
+    fill_for(file, ra, what, true);
 }
 
 /// A reader found `folio` and wants `req` pages from it: if the folio carries the READAHEAD
@@ -811,6 +818,8 @@ struct Submission<'f> {
     pages: u64,
     /// Each inserted folio's id and the shadow entry it replaced.
     inserted: Vec<(u32, Option<u64>)>,
+    /// The caller waits for these reads at once (a miss).
+    waits: bool,
 }
 
 impl<'f> Submission<'f> {
@@ -822,6 +831,7 @@ impl<'f> Submission<'f> {
             requests: Vec::new(),
             pages: 0,
             inserted: Vec::new(),
+            waits: false,
         }
     }
 
@@ -988,7 +998,11 @@ impl<'f> Submission<'f> {
         cache.reclaim.add_inserted(&cache.mem, &self.inserted);
         let requests = std::mem::take(&mut self.requests);
         if !requests.is_empty() {
-            disk.backend.submit(requests);
+            if self.waits {
+                disk.backend.read_now(requests);
+            } else {
+                disk.backend.submit(requests);
+            }
         }
         self.pages
     }

@@ -138,3 +138,79 @@ fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
         assert!(error.to_string().contains("block"), "{error}");
     }
 }
+
+#[test]
+fn a_readers_small_misses_are_read_in_its_own_thread_and_windows_by_the_engine() {
+    let size = 8 << 20;
+    let path = test_file("disk-by-caller", size);
+    for (kind, cache, file) in common::per_engine(
+        |kind| {
+            Cache::builder()
+                .capacity(32 << 20)
+                .io_engine(kind)
+                .readahead_bytes(2 << 20)
+                .build()
+                .unwrap()
+        },
+        &path,
+    ) {
+        // Random 4 KiB misses: each is one small request the reader waits for.
+        let mut handle = file.handle();
+        handle.advise(foliocache::Advice::Random).unwrap();
+        let mut buf = vec![0u8; 4096];
+        for k in 0..64u64 {
+            let pos = (k * 7919 % 2048) * 4096;
+            assert_eq!(handle.read_at(&mut buf, pos).unwrap(), 4096);
+            assert!(
+                buf.iter()
+                    .enumerate()
+                    .all(|(i, &b)| b == byte_at(pos + i as u64))
+            );
+        }
+        let io = file.io_stats();
+        assert!(io.requests >= 1, "{kind:?}");
+        assert_eq!(io.by_caller, io.requests, "{kind:?}: {io:?}");
+        // A sequential read: its windows grow past one request and go to the engine.
+        let out = read_all(&cache, &path, 1 << 20);
+        assert_eq!(out, pattern(size), "{kind:?}");
+        let io = file.io_stats();
+        assert!(io.by_caller < io.requests, "{kind:?}: {io:?}");
+    }
+}
+
+#[test]
+fn the_arena_is_populated_ahead_of_the_allocator_unless_turned_off() {
+    let size = 16 << 20;
+    let path = test_file("disk-populate", size);
+    for populate in [true, false] {
+        let cache = Cache::builder()
+            .capacity(64 << 20)
+            .populate_ahead(populate)
+            .build()
+            .unwrap();
+        let file = match cache.open(&path) {
+            Ok(file) => file,
+            Err(Error::NoDirectIo { .. }) => {
+                common::skip("the target directory's file system has no direct I/O");
+                return;
+            }
+            Err(error) => panic!("{error}"),
+        };
+        drop(file);
+        assert_eq!(read_all(&cache, &path, 1 << 20), pattern(size));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while populate
+            && cache.stats().populated_ahead_bytes == 0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let populated = cache.stats().populated_ahead_bytes;
+        if populate {
+            assert!(populated > 0, "nothing was populated ahead");
+            assert!(populated <= cache.stats().total_pages * 4096 + (2 << 20));
+        } else {
+            assert_eq!(populated, 0);
+        }
+    }
+}

@@ -9,6 +9,9 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The most a reader's own read may be (see `DirectFile::read_now`): one readahead request.
+const READ_NOW_BYTES: usize = 128 << 10;
+
 /// Which I/O engine a cache uses for files opened from storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EngineKind {
@@ -46,6 +49,14 @@ impl Engine {
                 Ok(ring) => Ok(Engine::Uring(ring)),
                 Err(_) => Ok(Engine::Threads(threads::Pool::start(inject)?)),
             },
+        }
+    }
+
+    /// The faults armed for this engine's transfers.
+    fn inject(&self) -> &Inject {
+        match self {
+            Engine::Uring(ring) => ring.inject(),
+            Engine::Threads(pool) => pool.inject(),
         }
     }
 
@@ -435,6 +446,21 @@ impl Backend for DirectFile {
             .map(|request| Box::new(request) as Box<dyn Transfer>)
             .collect();
         self.engine.submit(&self.fd, transfers, self.io);
+    }
+
+    /// Small reads (up to [`READ_NOW_BYTES`] in all) are done in the calling thread with
+    /// `preadv`: a reader that missed waits for them anyway, and on this machine the hand-off
+    /// to the engine's completion thread and back cost about as much as a random 4 KiB read
+    /// itself. Larger batches go to the engine, which keeps them in flight together.
+    fn read_now(&self, requests: Vec<ReadRequest>) {
+        let bytes: usize = requests.iter().map(ReadRequest::len).sum();
+        if bytes > READ_NOW_BYTES || requests.len() > 1 {
+            return self.submit(requests);
+        }
+        for request in requests {
+            request.counters.by_caller.inc();
+            threads::run_now(&self.fd, Box::new(request), self.io, self.engine.inject());
+        }
     }
 
     /// Also refreshes the size reads are issued against.

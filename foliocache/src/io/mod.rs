@@ -54,6 +54,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// page-aligned offsets.
     fn submit(&self, requests: Vec<ReadRequest>);
 
+    /// Reads the caller waits for at once (a reader's miss): a backend may do them in the
+    /// calling thread, as the kernel's synchronous reads are, sparing the hand-off to a
+    /// completion thread and back. The default submits them.
+    fn read_now(&self, requests: Vec<ReadRequest>) {
+        self.submit(requests);
+    }
+
     /// A short description for reports (engine, mode).
     fn describe(&self) -> String {
         format!("{self:?}")
@@ -211,6 +218,9 @@ pub struct IoStats {
     pub errors: u64,
     /// Requests that read fewer bytes than asked because the file ended.
     pub short_at_eof: u64,
+    /// Requests the reader that needed them did in its own thread (small reads a reader
+    /// waits for, see `Backend::read_now`), not through the engine.
+    pub by_caller: u64,
 }
 
 impl std::ops::Add for IoStats {
@@ -223,6 +233,7 @@ impl std::ops::Add for IoStats {
             bytes: self.bytes + b.bytes,
             errors: self.errors + b.errors,
             short_at_eof: self.short_at_eof + b.short_at_eof,
+            by_caller: self.by_caller + b.by_caller,
         }
     }
 }
@@ -233,6 +244,7 @@ pub(crate) struct IoCounters {
     bytes: Counter,
     errors: Counter,
     short_at_eof: Counter,
+    pub(crate) by_caller: Counter,
     /// The last failed read's errno (-1: an error without one), 0 if none yet.
     last_errno: std::sync::atomic::AtomicI32,
 }
@@ -252,6 +264,7 @@ impl IoCounters {
             bytes: self.bytes.get(),
             errors: self.errors.get(),
             short_at_eof: self.short_at_eof.get(),
+            by_caller: self.by_caller.get(),
         }
     }
 }

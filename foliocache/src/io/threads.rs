@@ -22,6 +22,7 @@ struct Job {
 
 pub(crate) struct Pool {
     sender: Mutex<Option<Sender<Job>>>,
+    inject: Arc<Inject>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -41,8 +42,14 @@ impl Pool {
         }
         Ok(Self {
             sender: Mutex::new(Some(sender)),
+            inject,
             threads,
         })
+    }
+
+    /// The faults armed for this engine.
+    pub(crate) fn inject(&self) -> &Inject {
+        &self.inject
     }
 
     pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, transfers: Vec<Box<dyn Transfer>>, io: FileIo) {
@@ -85,17 +92,22 @@ fn worker(receiver: &Mutex<Receiver<Job>>, inject: &Inject) {
             receiver.recv()
         };
         let Ok(job) = job else { return };
-        // A panic while completing drops the job as it unwinds: the transfer's own drop then
-        // fails whatever it had not ended. The worker goes on.
-        let _ = catch_unwind(AssertUnwindSafe(|| {
-            let Job { fd, transfer, io } = job;
-            let result = transfer_fully(&fd, &*transfer, io, inject);
-            if io.drop_behind {
-                drop_kernel_copy(&fd, transfer.offset(), transfer.len());
-            }
-            transfer.complete(result);
-        }));
+        let Job { fd, transfer, io } = job;
+        run_now(&fd, transfer, io, inject);
     }
+}
+
+/// Does one transfer in the calling thread and completes it (a worker's job, and a reader's
+/// own read, `DirectFile::read_now`). A panic while completing drops the transfer as it
+/// unwinds: its own drop then fails whatever it had not ended, and the caller goes on.
+pub(super) fn run_now(fd: &OwnedFd, transfer: Box<dyn Transfer>, io: FileIo, inject: &Inject) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let result = transfer_fully(fd, &*transfer, io, inject);
+        if io.drop_behind {
+            drop_kernel_copy(fd, transfer.offset(), transfer.len());
+        }
+        transfer.complete(result);
+    }));
 }
 
 /// Moves the transfer's bytes with `preadv`/`pwritev`, continuing after short transfers until

@@ -122,6 +122,11 @@ impl Uring {
         })
     }
 
+    /// The faults armed for this engine.
+    pub(crate) fn inject(&self) -> &Inject {
+        &self.shared.inject
+    }
+
     pub(crate) fn submit(&self, fd: &Arc<OwnedFd>, transfers: Vec<Box<dyn Transfer>>, io: FileIo) {
         if transfers.is_empty() {
             return;

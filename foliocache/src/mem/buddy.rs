@@ -240,6 +240,19 @@ impl Buddy {
         }
     }
 
+    /// The first pages of the next `n` blocks the allocator hands out whole or splits: the
+    /// head of its largest order's free list (the populator faults them in ahead).
+    pub(crate) fn next_max_blocks(&self, n: usize) -> Vec<u32> {
+        let zone = self.zone.lock();
+        let mut out = Vec::with_capacity(n);
+        let mut pfn = zone.heads[self.max_order as usize];
+        while pfn != NIL && out.len() < n {
+            out.push(pfn);
+            pfn = zone.next[pfn as usize];
+        }
+        out
+    }
+
     /// Free pages, per-thread caches included.
     pub(crate) fn free_pages(&self) -> usize {
         self.zone.lock().free_pages + self.cached.load(Ordering::Relaxed)

@@ -19,6 +19,7 @@ pub(crate) mod folio;
 pub(crate) mod grace;
 pub(crate) mod lru;
 pub(crate) mod optimistic;
+pub(crate) mod populate;
 pub(crate) mod refcount;
 mod wait;
 
@@ -49,6 +50,9 @@ pub const MAX_ORDER: u8 = 9;
 /// The memory of one cache: arena, allocator and descriptors.
 #[derive(Debug)]
 pub(crate) struct Memory {
+    /// Faults the arena in ahead of the allocator (`None`: off). Declared before the arena,
+    /// so it is dropped (and its thread joined) before the arena is unmapped.
+    populator: Option<populate::Populator>,
     arena: Arena,
     /// The allocator, behind the grace-period keeper that defers returns of published folios.
     grace: Grace,
@@ -118,6 +122,7 @@ impl Memory {
         huge_pages: bool,
         policy: RefcountPolicy,
         charge_index: bool,
+        populate_ahead: bool,
     ) -> Result<Self, Error> {
         let align = PAGE_SIZE << MAX_ORDER;
         let arena = Arena::new(pages, align, huge_pages)?;
@@ -128,8 +133,14 @@ impl Memory {
                 bytes: (pages * std::mem::size_of::<FolioDesc>()) as u64,
             })?;
         table.extend((0..pages).map(|_| FolioDesc::new(policy)));
+        let buddy = std::sync::Arc::new(Buddy::new(pages, max_order)?);
+        // No background thread under loom (its models run the memory on their own threads).
+        let populator = (populate_ahead && cfg!(not(loom))).then(|| {
+            populate::Populator::new(arena.page_ptr(0), pages, std::sync::Arc::clone(&buddy))
+        });
         Ok(Self {
-            grace: Grace::new(std::sync::Arc::new(Buddy::new(pages, max_order)?)),
+            populator,
+            grace: Grace::new(buddy),
             table: table.into_boxed_slice(),
             lru: Lru::new(pages)?,
             nodes: Arc::default(),
@@ -187,6 +198,9 @@ impl Memory {
                 break;
             };
             self.arena.discard(pfn as usize, 1 << order);
+            if let Some(populator) = &self.populator {
+                populator.discarded(pfn as usize, 1 << order);
+            }
             blocks.push((pfn, order));
             have += 1 << order;
         }
@@ -211,6 +225,13 @@ impl Memory {
 
     pub(crate) fn prefault(&self) -> std::io::Result<()> {
         self.arena.prefault()
+    }
+
+    /// 2 MiB blocks the populator faulted in ahead of the allocator.
+    pub(crate) fn populated_blocks(&self) -> usize {
+        self.populator
+            .as_ref()
+            .map_or(0, populate::Populator::populated_blocks)
     }
 
     pub(crate) fn desc(&self, pfn: u32) -> &FolioDesc {
@@ -250,6 +271,9 @@ impl Memory {
             }
             None => return Err(Error::NoMemory { order }),
         };
+        if let Some(populator) = &self.populator {
+            populator.allocated(pfn);
+        }
         let desc = self.desc(pfn);
         // A new life begins: optimistic readers still looking at the old one must see the
         // bump before any byte the new owner writes (the fence orders the bump before them).
