@@ -4,10 +4,12 @@
 //! * `fopen` of a served file opens it through the `open` hook and wraps the fd in a
 //!   `fopencookie` stream whose read, write, seek and close are the hooks; `fileno` of such a
 //!   stream returns the fd (glibc's would say -1).
-//! * `fdopen` of a served fd gives glibc's own stream: its reads are the kernel's (correct,
-//!   since the kernel has every byte), its writes would bypass the invalidation, so a stream
-//!   opened for writing makes the file uncached. The kernel's offset is set to the table's
-//!   first, so the stream starts where the program's reads left off.
+//! * `fdopen` of a served fd gives glibc's own stream: its reads are the kernel's (correct in
+//!   write-through mode, since the kernel has every byte), its writes would bypass the
+//!   invalidation, so a stream opened for writing makes the file uncached. In write-back mode
+//!   any `fdopen` does (the kernel is behind the cache: the file is written back first). The
+//!   kernel's offset is set to the table's first, so the stream starts where the program's
+//!   reads left off.
 //! * `fclose` of a stream on a served fd takes the fd out of the table *before* glibc closes
 //!   it (afterwards the number could already belong to another file).
 
@@ -190,9 +192,10 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
             let m = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
             m.first() != Some(&b'r') || m.contains(&b'+')
         };
+        let uncache = writes || d.inode.is_back();
         match (guard::enter(), runtime()) {
-            (Some(_outer), Some(runtime)) if writes => runtime.set_uncached(d.inode.key),
-            (_, _) if writes => d.inode.mark_uncached(),
+            (Some(_outer), Some(runtime)) if uncache => runtime.set_uncached(d.inode.key),
+            (_, _) if uncache => d.inode.mark_uncached(),
             _ => {}
         }
         // glibc's stream uses the kernel's offset from now on: so does the table.
@@ -246,4 +249,15 @@ pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
     }
     // SAFETY: passed on unchanged (a cookie stream closes through cookie_close).
     unsafe { real::fclose(stream) }
+}
+
+/// Flushes the streams made here (their buffered writes go through the hooks now), with
+/// glibc's `fflush(NULL)`: it walks the stream list under glibc's own lock, so a stream closed
+/// meanwhile by another thread is never touched.
+pub(crate) fn flush_streams() {
+    if COOKIE_COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    // SAFETY: fflush(NULL) takes no pointer of ours.
+    unsafe { real::fflush(std::ptr::null_mut()) };
 }
