@@ -1175,6 +1175,9 @@ pub unsafe extern "C" fn sync_file_range(
         | libc::SYNC_FILE_RANGE_WRITE
         | libc::SYNC_FILE_RANGE_WAIT_AFTER;
     if offset >= 0 && nbytes >= 0 && flags & !known == 0 {
+        if flags == 0 && table::get(fd).is_some_and(|d| d.inode.is_back()) {
+            return 0; // no step asked: nothing done, no error reported (as the kernel)
+        }
         let mut steps = SyncRange::default();
         for (flag, step) in [
             (libc::SYNC_FILE_RANGE_WAIT_BEFORE, SyncRange::WAIT_BEFORE),
@@ -1648,6 +1651,28 @@ pub unsafe extern "C" fn sendfile(
 ) -> ssize_t {
     // SAFETY: the same function (off_t is 64 bits here).
     unsafe { sendfile64(out_fd, in_fd, offset, count) }
+}
+
+/// Refused for served fds like sendfile: the kernel would read or write its own copy at its
+/// own offset, around the cache and the table's offsets.
+///
+/// # Safety
+/// splice(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    if table::get(fd_in).is_some() || table::get(fd_out).is_some() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: passed on unchanged.
+    unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) }
 }
 
 /// The read hook for `stdio` cookies (a `FILE` opened by `fopen` on a served file).

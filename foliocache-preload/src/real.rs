@@ -97,6 +97,7 @@ real_functions! {
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off64_t) -> *mut c_void = libc::MAP_FAILED;
     fn copy_file_range(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t = -1;
     fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t = -1;
+    fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t = -1;
     fn fsync(fd: c_int) -> c_int = -1;
     fn syncfs(fd: c_int) -> c_int = -1;
     fn flock(fd: c_int, operation: c_int) -> c_int = -1;

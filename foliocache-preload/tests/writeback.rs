@@ -37,6 +37,7 @@ const SIZES_C: &str = r#"
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #if defined(__x86_64__)
@@ -58,6 +59,12 @@ int main(int argc, char **argv) {
     memset(buf, 'x', sizeof buf);
     long long size = 0;
     int lagged = 0;
+    /* The modification time must move past the open's: a gap between them, and a margin of
+       a few clock ticks (the kernel stamps files with a coarse clock). */
+    usleep(100000);
+    struct timespec start;
+    clock_gettime(CLOCK_REALTIME, &start);
+    long long start_ns = start.tv_sec * 1000000000LL + start.tv_nsec - 30000000LL;
     for (int i = 0; i < 60; i++) {
         int n = 1 + (i * 977) % 9000;
         if (write(fd, buf, n) != n) { perror("write"); return 1; }
@@ -65,6 +72,7 @@ int main(int argc, char **argv) {
         struct stat st;
         CHECK("fstat", fstat(fd, &st) == 0 ? st.st_size : -1, size);
         if (st.st_blocks * 512 < size) { printf("st_blocks %lld short\n", (long long)st.st_blocks); bad = 1; }
+        if (st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec < start_ns) { printf("st_mtime older than the write\n"); bad = 1; }
         CHECK("fstat of another fd", fstat(rd, &st) == 0 ? st.st_size : -1, size);
         CHECK("stat", stat(path, &st) == 0 ? st.st_size : -1, size);
         CHECK("lstat", lstat(path, &st) == 0 ? st.st_size : -1, size);
@@ -76,6 +84,8 @@ int main(int argc, char **argv) {
         struct statx sx;
         CHECK("statx", statx(AT_FDCWD, path, 0, STATX_SIZE | STATX_BLOCKS, &sx) == 0 ? (long long)sx.stx_size : -1, size);
         if (sx.stx_blocks * 512 < (unsigned long long)size) { printf("stx_blocks short\n"); bad = 1; }
+        statx(AT_FDCWD, path, 0, STATX_MTIME, &sx);
+        if (sx.stx_mtime.tv_sec * 1000000000LL + sx.stx_mtime.tv_nsec < start_ns) { printf("stx_mtime older than the write\n"); bad = 1; }
         CHECK("lseek(SEEK_END)", lseek(rd, 0, SEEK_END), size);
         CHECK("lseek(SEEK_END, -1)", lseek(rd, -1, SEEK_END), size - 1);
         CHECK("read at the end", read(rd, buf, 1), 1);
