@@ -175,15 +175,22 @@ pub(crate) fn get_arc(fd: i32) -> Option<Arc<Description>> {
 
 /// Makes `fd` served by `description` (replacing whatever it had: the kernel reused the number).
 /// An fd beyond the table cannot be served: its file becomes uncached (its writes would
-/// otherwise bypass the invalidation).
+/// otherwise bypass the invalidation). In write-back mode so does a file installed at fd 0, 1
+/// or 2: glibc's standard streams read and write those with libc-internal calls no hook sees
+/// (a program that `dup2`s a file onto stdout and `printf`s), so the kernel must have every
+/// byte and the cache must not be written.
 pub(crate) fn install(fd: i32, description: Arc<Description>, nested: bool) {
+    let uncache = |description: &Description| match crate::runtime() {
+        Some(runtime) if !nested => runtime.set_uncached(description.inode.key),
+        _ => description.inode.mark_uncached(),
+    };
     let Some(slot) = slot(fd) else {
-        match crate::runtime() {
-            Some(runtime) if !nested => runtime.set_uncached(description.inode.key),
-            _ => description.inode.mark_uncached(),
-        }
+        uncache(&description);
         return;
     };
+    if fd <= 2 && description.inode.is_back() {
+        uncache(&description);
+    }
     let old = slot
         .description
         .swap(Arc::into_raw(description).cast_mut(), Ordering::SeqCst);

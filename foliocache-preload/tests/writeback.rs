@@ -365,6 +365,40 @@ fn a_normal_exit_leaves_unsynced_writes_on_storage() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// C: a served file made the program's stdout, written both by `printf` (glibc writes its
+/// streams with libc-internal calls no hook sees) and by `write`.
+const STDOUT_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+int main(void) {
+    int fd = open("log", O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
+    if (write(fd, "1\n", 2) != 2) return 1;
+    dup2(fd, 1);
+    printf("2\n");
+    fflush(stdout);
+    if (write(fd, "3\n", 2) != 2) return 1;
+    printf("4\n");
+    return 0;
+}
+"#;
+
+#[test]
+fn a_file_made_stdout_keeps_what_stdio_and_write_put_in_it() {
+    if !have("gcc") {
+        return;
+    }
+    let dir = work_dir("wb-stdout");
+    let exe = compile_c(&dir, "stdout", STDOUT_C);
+    run_back(&dir, exe.to_str().unwrap(), &[]);
+    assert_eq!(
+        String::from_utf8_lossy(&std::fs::read(dir.join("log")).unwrap()),
+        "1\n2\n3\n4\n"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Python: truncation down and up (ftruncate, truncate by path, O_TRUNC on a second open while
 /// the first fd still has unsynced data), each checked by reads and fstat.
 const TRUNCATE_PY: &str = r#"
