@@ -17,7 +17,7 @@
 //! NUL-terminated path. Like libc, these wrappers trust them (where the kernel would return
 //! EFAULT for a bad buffer, a read served from the cache faults).
 //!
-//! `open`, `openat` and `fcntl` are variadic in C. They are defined here with the optional
+//! `open`, `openat`, `fcntl` and `ioctl` are variadic in C. They are defined here with the optional
 //! argument as a fixed one: on x86_64 and aarch64 Linux a variadic integer argument travels in
 //! the same register as a fixed one (the crate refuses to build elsewhere), and the value is
 //! only passed on to libc, which reads it only when the flags say it is there.
@@ -1651,6 +1651,38 @@ pub unsafe extern "C" fn sendfile(
 ) -> ssize_t {
     // SAFETY: the same function (off_t is 64 bits here).
     unsafe { sendfile64(out_fd, in_fd, offset, count) }
+}
+
+/// `FICLONE` and `FICLONERANGE` (reflink copies, `cp --reflink`): `struct file_clone_range`'s
+/// first field is the source fd.
+const FICLONE: libc::c_ulong = 0x4004_9409;
+const FICLONERANGE: libc::c_ulong = 0x4020_940d;
+
+/// ioctl: a reflink clone from or into a served fd is refused (`EOPNOTSUPP`, as a file system
+/// without it answers, and callers copy instead): the kernel would share its own copy of the
+/// data, around the cache. Everything else passes on.
+///
+/// # Safety
+/// ioctl(2)'s contract (see the module doc for the variadic argument).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: usize) -> c_int {
+    let source = match request {
+        FICLONE => Some(arg as c_int),
+        FICLONERANGE if arg != 0 => {
+            // SAFETY: for FICLONERANGE, ioctl's contract makes `arg` a pointer to a readable
+            // struct file_clone_range, whose first field is the source fd (an s64).
+            Some(unsafe { (arg as *const i64).read_unaligned() } as c_int)
+        }
+        _ => None,
+    };
+    if let Some(source) = source
+        && (table::get(fd).is_some() || table::get(source).is_some())
+    {
+        set_errno(libc::EOPNOTSUPP);
+        return -1;
+    }
+    // SAFETY: passed on unchanged.
+    unsafe { real::ioctl(fd, request, arg) }
 }
 
 /// Refused for served fds like sendfile: the kernel would read or write its own copy at its

@@ -130,6 +130,9 @@ real_functions! {
     fn fileno(stream: *mut libc::FILE) -> c_int = -1;
     fn fileno_unlocked(stream: *mut libc::FILE) -> c_int = -1;
     fn fflush(stream: *mut libc::FILE) -> c_int = libc::EOF;
+    fn freopen(path: *const c_char, mode: *const c_char, stream: *mut libc::FILE) -> *mut libc::FILE = std::ptr::null_mut();
+    fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut libc::FILE) -> *mut libc::FILE = std::ptr::null_mut();
+    fn ioctl(fd: c_int, request: libc::c_ulong, ...arg: usize) -> c_int = -1;
 }
 
 /// The real `sync` (it returns nothing, so it is written out here rather than in the list).

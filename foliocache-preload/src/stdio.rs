@@ -12,6 +12,9 @@
 //!   reads left off.
 //! * `fclose` of a stream on a served fd takes the fd out of the table *before* glibc closes
 //!   it (afterwards the number could already belong to another file).
+//! * Streams glibc opens itself (`freopen`, an `fopen` mode this library leaves to glibc such
+//!   as `,ccs=`) read and write with libc-internal calls: in write-back mode their file becomes
+//!   uncached for the rest of the process (after a write back), as for `fdopen`.
 
 use crate::guard;
 use crate::hooks::{hook_close, hook_lseek, hook_open, hook_read, hook_write};
@@ -109,7 +112,7 @@ unsafe fn open_stream(
     // SAFETY: not null, and by fopen's contract NUL-terminated.
     let mode_bytes = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
     let Some(flags) = crate::config::fopen_flags(mode_bytes) else {
-        return real_fopen(path, mode);
+        return unseen_stream(real_fopen(path, mode));
     };
     {
         // Only an outermost call is served (the library's own fopen calls pass through).
@@ -152,6 +155,56 @@ unsafe fn open_stream(
     list.push((stream as usize, fd));
     COOKIE_COUNT.store(list.len(), Ordering::Relaxed);
     stream
+}
+
+/// Write-back mode: a stream glibc opened on a file itself, whose reads and writes the hooks
+/// never see, makes the file uncached (written back first, never served again here).
+fn unseen_stream(stream: *mut FILE) -> *mut FILE {
+    if stream.is_null() {
+        return stream;
+    }
+    let Some(runtime) = runtime().filter(|r| r.config.writes == crate::config::Writes::Back) else {
+        return stream;
+    };
+    let Some(_outer) = guard::enter() else {
+        return stream;
+    };
+    // SAFETY: a stream glibc just returned.
+    let fd = unsafe { real::fileno(stream) };
+    let mut st = std::mem::MaybeUninit::<libc::stat64>::uninit();
+    // SAFETY: fstat fills the valid local buffer.
+    if fd >= 0 && unsafe { real::fstat64(fd, st.as_mut_ptr()) } == 0 {
+        // SAFETY: fstat succeeded.
+        let st = unsafe { st.assume_init() };
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            runtime.set_uncached((st.st_dev, st.st_ino));
+        }
+    }
+    stream
+}
+
+/// # Safety
+/// freopen(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freopen(
+    path: *const c_char,
+    mode: *const c_char,
+    stream: *mut FILE,
+) -> *mut FILE {
+    // SAFETY: passed on unchanged.
+    unseen_stream(unsafe { real::freopen(path, mode, stream) })
+}
+
+/// # Safety
+/// freopen(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freopen64(
+    path: *const c_char,
+    mode: *const c_char,
+    stream: *mut FILE,
+) -> *mut FILE {
+    // SAFETY: passed on unchanged.
+    unseen_stream(unsafe { real::freopen64(path, mode, stream) })
 }
 
 fn real_fopen(path: *const c_char, mode: *const c_char) -> *mut FILE {

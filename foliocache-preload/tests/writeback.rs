@@ -399,6 +399,58 @@ fn a_file_made_stdout_keeps_what_stdio_and_write_put_in_it() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// C: streams glibc opens itself (freopen, an fopen mode with `,ccs=`) on files the program
+/// also writes through the hooks; the files must end as they do without the library.
+const STREAMS_C: &str = r#"
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+#include <wchar.h>
+
+int main(void) {
+    int fd = open("a", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (write(fd, "one\n", 4) != 4) return 1;
+    if (!freopen("a", "a", stdout)) return 1;
+    printf("two\n");
+    fflush(stdout);
+    if (pwrite(fd, "ONE", 3, 0) != 3) return 1;
+    printf("three\n");
+    fflush(stdout);
+    int b = open("b", O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (write(b, "hello", 5) != 5) return 1;
+    FILE *w = fopen("b", "r,ccs=UTF-8");
+    wchar_t text[16] = {0};
+    if (!w || !fgetws(text, 16, w) || wcscmp(text, L"hello") != 0) return 2;
+    if (write(b, " world", 6) != 6) return 1;
+    return 0;
+}
+"#;
+
+#[test]
+fn streams_glibc_opens_itself_see_and_keep_the_writes() {
+    if !have("gcc") {
+        return;
+    }
+    let dir = work_dir("wb-streams");
+    let exe = compile_c(&dir, "streams", STREAMS_C);
+    let exe = exe.to_str().unwrap();
+    let (plain, back) = (dir.join("plain"), dir.join("back"));
+    for sub in [&plain, &back] {
+        std::fs::create_dir_all(sub).unwrap();
+    }
+    run(&plain, With::Kernel, exe, &[]);
+    run_back(&back, exe, &[]);
+    for name in ["a", "b"] {
+        assert_eq!(
+            String::from_utf8_lossy(&std::fs::read(back.join(name)).unwrap()),
+            String::from_utf8_lossy(&std::fs::read(plain.join(name)).unwrap()),
+            "file {name}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Python: truncation down and up (ftruncate, truncate by path, O_TRUNC on a second open while
 /// the first fd still has unsynced data), each checked by reads and fstat.
 const TRUNCATE_PY: &str = r#"
