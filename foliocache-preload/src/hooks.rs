@@ -440,6 +440,9 @@ unsafe fn write_back(
     if iov.iter().any(|v| v.iov_base.is_null() && v.iov_len > 0) {
         return None; // the kernel reports EFAULT
     }
+    if iov.iter().all(|v| v.iov_len == 0) {
+        return Some(0); // nothing written, no offset moved (not even by O_APPEND)
+    }
     let append = (place.append || d.append.load(Ordering::SeqCst)) && !place.no_append;
     if d.shared.load(Ordering::SeqCst) {
         // Another process may write through this description, with the kernel.
@@ -943,10 +946,20 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: off64_t) -> c_int 
     {
         if !inode.is_back() {
             inode.written(0, u64::MAX);
-        } else if inode.set_len(len as u64) != Some(Ok(())) {
-            // The cache's file is not writable (so holds nothing dirty), or refused: it takes
-            // the file as storage has it now.
-            inode.around_kernel(len as u64, u64::MAX, || (), |()| true);
+            return rc;
+        }
+        match inode.set_len(len as u64) {
+            Some(Ok(())) => {}
+            // The cache's file is not writable, so it holds nothing dirty: it takes the file
+            // as storage has it now.
+            None => inode.around_kernel(len as u64, u64::MAX, || (), |()| true),
+            // Refused: the cache writes everything back and leaves the file to the kernel,
+            // which truncates again after that write back.
+            Some(Err(_)) => {
+                inode.set_uncached();
+                // SAFETY: passed on unchanged, as above.
+                return unsafe { real::truncate64(path, len) };
+            }
         }
     }
     rc
