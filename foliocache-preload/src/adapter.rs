@@ -50,6 +50,9 @@
 //! An inode written through a path the library does not see (a shared writable `mmap`, a
 //! `FILE` from `fdopen` for writing, an fd the table cannot hold, the program's own O_DIRECT)
 //! becomes *uncached* for the rest of the process: every access passes through to the kernel.
+//! Write-back mode adds the paths that read or write the kernel's copy while the cache holds
+//! newer bytes: any shared mapping, any `fdopen`, streams glibc opens itself (`freopen`), and
+//! fds 0 to 2 (glibc's standard streams use them with libc-internal calls).
 //! In write-back mode the cache first writes everything back, under the inode's *gate* (held
 //! shared by every change made through the cache, exclusively by the switch), so no write into
 //! the cache can land after the last writeback. A caller that may take no lock (a hook nested
