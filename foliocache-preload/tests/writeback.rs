@@ -575,9 +575,10 @@ fn random_writes_read_back_without_the_library_equal_a_byte_model() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Python: what was fsync'd, and what was written through an O_DSYNC fd, is on storage even if
-/// the process is killed right after (the sync went through the cache's writeback, not just
-/// to the kernel, which had nothing).
+/// Python: what was fsync'd, what was written through an O_DSYNC fd, and what was in a file
+/// whose last fd was closed, is on storage even if the process is killed right after (the
+/// sync went through the cache's writeback, not just to the kernel, which had nothing; the
+/// last close wrote the file back).
 const KILLED_PY: &str = r#"
 import os, signal, sys
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -586,6 +587,9 @@ os.fsync(fd)
 os.write(fd, b'not synced')
 d = os.open(sys.argv[1] + '.dsync', os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DSYNC, 0o644)
 os.write(d, b'dsync-' * 5000)
+c = os.open(sys.argv[1] + '.closed', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+os.write(c, b'closed-' * 5000)
+os.close(c)
 print('ok', flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 "#;
@@ -616,6 +620,10 @@ fn synced_data_survives_a_kill() {
     assert!(
         std::fs::read(dir.join("data.dsync")).unwrap() == b"dsync-".repeat(5000),
         "the O_DSYNC write is not on storage"
+    );
+    assert!(
+        std::fs::read(dir.join("data.closed")).unwrap() == b"closed-".repeat(5000),
+        "the closed file is not on storage"
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
