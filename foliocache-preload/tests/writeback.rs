@@ -461,6 +461,14 @@ bad = []
 def check(what, fd, model):
     if os.fstat(fd).st_size != len(model): bad.append('%s: size %d' % (what, os.fstat(fd).st_size))
     if os.pread(fd, len(model) + 100, 0) != model: bad.append(what)
+# Read only first, then writable: the cache's file becomes writable, one file for both fds.
+with open(p, 'wb') as f: f.write(b'0' * 100)
+r = os.open(p, os.O_RDONLY)
+first = os.pread(r, 100, 0)
+w = os.open(p, os.O_WRONLY)
+os.pwrite(w, b'up', 0)
+if os.pread(r, 3, 0) != b'up0' or first != b'0' * 100: bad.append('upgrade')
+os.close(w); os.close(r)
 fd = os.open(p, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
 os.write(fd, pat); check('written', fd, pat)
 os.ftruncate(fd, 3000); model = pat[:3000]; check('down', fd, model)
