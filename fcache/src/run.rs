@@ -20,6 +20,10 @@ pub(crate) struct RunArgs {
     /// Maximum readahead window in KiB (default: the device's read_ahead_kb).
     #[arg(long, value_name = "KIB")]
     ra_kb: Option<u64>,
+    /// Where the program's writes go: `through` to the kernel at once (the default, safe for
+    /// any program), or `back` into the cache, written to storage later (see docs/PRELOAD.md).
+    #[arg(long, value_name = "MODE", value_parser = ["through", "back"])]
+    writes: Option<String>,
     /// Append the cache's counters (one JSON object per process) to this file at exit.
     #[arg(long, value_name = "PATH")]
     stats: Option<PathBuf>,
@@ -97,15 +101,16 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), String> {
         .command
         .split_first()
         .ok_or("no command given (fcache run [OPTIONS] -- CMD ARGS)")?;
-    let error = Command::new(program)
-        .args(rest)
-        .envs(preload_env(
-            &lib,
-            &paths,
-            args.capacity_mb,
-            args.ra_kb,
-            args.stats.as_deref(),
-        ))
-        .exec();
+    let mut env = preload_env(
+        &lib,
+        &paths,
+        args.capacity_mb,
+        args.ra_kb,
+        args.stats.as_deref(),
+    );
+    if let Some(writes) = &args.writes {
+        env.push(("FOLIOCACHE_WRITES".to_owned(), writes.clone()));
+    }
+    let error = Command::new(program).args(rest).envs(env).exec();
     Err(format!("cannot run {program}: {error}"))
 }

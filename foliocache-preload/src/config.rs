@@ -1,6 +1,6 @@
 //! Settings from the environment: `FOLIOCACHE_PATHS`, `FOLIOCACHE_CAPACITY_MB`,
-//! `FOLIOCACHE_RA_KB`, `FOLIOCACHE_STATS`. A bad value is one clear line on stderr, and the
-//! program runs uncached.
+//! `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_STATS`. A bad value is one clear line
+//! on stderr, and the program runs uncached.
 
 use std::path::{Path, PathBuf};
 
@@ -13,8 +13,21 @@ pub(crate) struct Config {
     pub(crate) capacity: u64,
     /// The readahead window in bytes; `None`: each device's `read_ahead_kb`.
     pub(crate) ra_bytes: Option<u64>,
+    /// Where the program's writes go.
+    pub(crate) writes: Writes,
     /// Where to write the counters at exit.
     pub(crate) stats_path: Option<PathBuf>,
+}
+
+/// Where a program's writes to the served files go (`FOLIOCACHE_WRITES`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Writes {
+    /// `through` (the default): to the kernel at once, through the program's own fd; the
+    /// cached range is then invalidated. Safe for any program.
+    Through,
+    /// `back`: into the cache as dirty folios, written to storage later by the cache (see
+    /// `adapter` and docs/PRELOAD.md for what the program and others see meanwhile).
+    Back,
 }
 
 /// The default budget: 256 MiB.
@@ -66,6 +79,15 @@ impl Config {
                     << 10,
             ),
         };
+        let writes = match get("FOLIOCACHE_WRITES").as_deref().map(str::trim) {
+            None | Some("through") => Writes::Through,
+            Some("back") => Writes::Back,
+            Some(text) => {
+                return Err(format!(
+                    "FOLIOCACHE_WRITES={text}: expected `through` (the default) or `back`"
+                ));
+            }
+        };
         let stats_path = get("FOLIOCACHE_STATS")
             .filter(|p| !p.is_empty())
             .map(PathBuf::from);
@@ -73,6 +95,7 @@ impl Config {
             dirs,
             capacity: capacity_mb << 20,
             ra_bytes,
+            writes,
             stats_path,
         }))
     }
@@ -150,12 +173,22 @@ mod tests {
             .unwrap();
         assert_eq!(config.capacity, 256 << 20);
         assert_eq!(config.ra_bytes, None);
+        assert_eq!(config.writes, Writes::Through);
+        let back = Config::from_env(env(&[
+            ("FOLIOCACHE_PATHS", tmp_text),
+            ("FOLIOCACHE_WRITES", "back"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(back.writes, Writes::Back);
         assert!(config.covers(&std::fs::canonicalize(&tmp).unwrap().join("x")));
         assert!(!config.covers(Path::new("/definitely/elsewhere")));
         for (key, value) in [
             ("FOLIOCACHE_CAPACITY_MB", "lots"),
             ("FOLIOCACHE_CAPACITY_MB", "0"),
             ("FOLIOCACHE_RA_KB", "-1"),
+            ("FOLIOCACHE_WRITES", "bogus"),
+            ("FOLIOCACHE_WRITES", ""),
         ] {
             let error =
                 Config::from_env(env(&[("FOLIOCACHE_PATHS", tmp_text), (key, value)])).unwrap_err();

@@ -3,23 +3,30 @@
 //! serve goes straight to the real function.
 //!
 //! Reads of a served fd go through the cache (`adapter`) at the description's offset (read,
-//! readv) or the given one (pread, preadv); writes go to the kernel (the real `pwrite` at the
-//! description's offset, or the real `write` with `O_APPEND`) and then invalidate. A hook
-//! entered from inside another (see `guard`) does the same I/O with the real calls and touches
-//! no cache and no lock.
+//! readv) or the given one (pread, preadv). Writes, in write-through mode, go to the kernel
+//! (the real `pwrite` at the description's offset, or the real `write` with `O_APPEND`) and
+//! then invalidate; in write-back mode they go into the cache, and the hooks keep what the
+//! program sees through the kernel in step: the stat calls and `lseek(SEEK_END)` report the
+//! cache's size, and `mmap`, fork, exec, locks and `SEEK_DATA`/`SEEK_HOLE` are flush points
+//! (the adapter's module doc has the argument). A hook entered from inside another (see
+//! `guard`) does its I/O with the real calls and touches no cache and no lock; in write-back
+//! mode a nested write also makes the inode uncached from the next outer call on (the
+//! adapter's `written_nested`).
 //!
 //! The C contracts are the caller's: a buffer of `count` bytes, `iovcnt` valid iovecs, a
 //! NUL-terminated path. Like libc, these wrappers trust them (where the kernel would return
 //! EFAULT for a bad buffer, a read served from the cache faults).
 //!
-//! `open`, `openat` and `fcntl` are variadic in C. They are defined here with the optional
+//! `open`, `openat`, `fcntl` and `ioctl` are variadic in C. They are defined here with the optional
 //! argument as a fixed one: on x86_64 and aarch64 Linux a variadic integer argument travels in
 //! the same register as a fixed one (the crate refuses to build elsewhere), and the value is
 //! only passed on to libc, which reads it only when the flags say it is there.
 
+use crate::adapter::{SyncKind, WriteAt};
 use crate::guard::{self, Entered};
 use crate::table::{self, Description};
 use crate::{real, runtime, stats};
+use foliocache::SyncRange;
 use libc::{c_char, c_int, c_uint, c_void, iovec, mode_t, off_t, off64_t, size_t, ssize_t};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -240,9 +247,13 @@ pub unsafe extern "C" fn preadv(
     unsafe { preadv64(fd, iov, iovcnt, offset) }
 }
 
+/// preadv2 flags that are only hints for a read (polling, not waiting, not caching).
+const READ_HINTS: c_int = libc::RWF_HIPRI | libc::RWF_NOWAIT | libc::RWF_DONTCACHE;
+
 /// # Safety
 /// preadv2(2)'s contract. Flags (RWF_NOWAIT, RWF_HIPRI...) are the kernel's business: such a
-/// read passes through.
+/// read passes through (in write-back mode, hint flags are ignored and the cache serves the
+/// read; any other flag passes it through after a write back).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn preadv64v2(
     fd: c_int,
@@ -256,7 +267,17 @@ pub unsafe extern "C" fn preadv64v2(
         return unsafe { real::preadv64v2(fd, iov, iovcnt, offset, flags) };
     };
     let outer = guard::enter();
-    let outer = if flags == 0 { outer } else { None };
+    let outer = match outer {
+        Some(outer) if flags == 0 => Some(outer),
+        // Write-back: hints only, served from the cache, which has the newest bytes.
+        Some(outer) if d.inode.is_back() && flags & !READ_HINTS == 0 => Some(outer),
+        Some(_outer) => {
+            // The kernel reads: give it everything first.
+            d.inode.flush();
+            None
+        }
+        None => None,
+    };
     if offset == -1 {
         // The current offset, moved.
         // SAFETY: preadv2's contract, passed on.
@@ -264,7 +285,7 @@ pub unsafe extern "C" fn preadv64v2(
             readv_at(&d, fd, iov, iovcnt, pos, outer.as_ref())
         });
     }
-    if offset < 0 || flags != 0 {
+    if offset < 0 || (flags != 0 && outer.is_none()) {
         // SAFETY: passed on unchanged.
         return unsafe { real::preadv64v2(fd, iov, iovcnt, offset, flags) };
     }
@@ -287,7 +308,9 @@ pub unsafe extern "C" fn preadv2(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Writes: through to the kernel, then the cached range is invalidated.
+// Writes. Write-through: to the kernel, then the cached range is invalidated. Write-back: into
+// the cache (`write_back`); the kernel path is taken only when the inode is not (or no longer)
+// served that way, or by a nested hook.
 
 /// After the kernel wrote `n` bytes at `pos` (`None`: somewhere, e.g. an O_APPEND pwrite).
 fn written(d: &Description, pos: Option<u64>, n: ssize_t, outer: Option<&Entered>) {
@@ -298,13 +321,13 @@ fn written(d: &Description, pos: Option<u64>, n: ssize_t, outer: Option<&Entered
     match (outer, pos) {
         (Some(_), Some(pos)) => d.inode.written(pos, n as u64),
         (Some(_), None) => d.inode.written(0, u64::MAX),
-        // Nested (a signal handler writing): no lock may be taken; stop caching the file.
-        (None, _) => d.inode.bump(),
+        // Nested (a signal handler writing): no lock may be taken.
+        (None, _) => d.inode.written_nested(),
     }
 }
 
 /// A write at the description's offset (or appended), with `io(pos)` doing a positional write
-/// and `append()` a plain one for O_APPEND.
+/// and `append()` a plain one for O_APPEND (write-through, and the raw path).
 fn write_at_offset(
     d: &Description,
     fd: c_int,
@@ -337,6 +360,172 @@ fn write_at_offset(
     n
 }
 
+/// How a write-back write is placed.
+#[derive(Clone, Copy)]
+struct Placement {
+    /// `None`: at the description's offset, which moves; `Some`: there (pwrite).
+    pos: Option<u64>,
+    /// Appended (`RWF_APPEND`; O_APPEND is the description's).
+    append: bool,
+    /// Not appended even with O_APPEND (`RWF_NOAPPEND`).
+    no_append: bool,
+    /// Synced before returning (`RWF_SYNC`, `RWF_DSYNC`; O_SYNC is the description's).
+    sync: Option<SyncKind>,
+}
+
+impl Placement {
+    fn at_offset() -> Self {
+        Self {
+            pos: None,
+            append: false,
+            no_append: false,
+            sync: None,
+        }
+    }
+
+    fn at(pos: u64) -> Self {
+        Self {
+            pos: Some(pos),
+            ..Self::at_offset()
+        }
+    }
+
+    /// With pwritev2's flags.
+    fn with_flags(mut self, flags: c_int) -> Self {
+        self.append = flags & libc::RWF_APPEND != 0;
+        self.no_append = flags & libc::RWF_NOAPPEND != 0;
+        self.sync = if flags & libc::RWF_SYNC != 0 {
+            Some(SyncKind::All)
+        } else if flags & libc::RWF_DSYNC != 0 {
+            Some(SyncKind::Data)
+        } else {
+            None
+        };
+        self
+    }
+}
+
+/// pwritev2 flags a write-back write serves: the placement and sync ones above, and hints
+/// (`RWF_HIPRI`, `RWF_NOWAIT`, `RWF_DONTCACHE`: the cache neither polls nor fails a write
+/// for want of memory at once). Others (`RWF_ATOMIC`...) go to the kernel, with the cache
+/// written back before and revalidated after.
+const SERVED_RWF: c_int = libc::RWF_HIPRI
+    | libc::RWF_DSYNC
+    | libc::RWF_SYNC
+    | libc::RWF_NOWAIT
+    | libc::RWF_APPEND
+    | libc::RWF_NOAPPEND
+    | libc::RWF_DONTCACHE;
+
+/// The largest number of iovecs a vectored call takes (`IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+/// Write-back mode: a write of a served fd into the cache. `iov` holds the data;
+/// `kernel_append` is the real call, for an append through a description another process
+/// shares (only the kernel appends atomically across processes). `None`: not served in
+/// write-back mode (or not writable, or a bad buffer): the caller goes to the kernel.
+///
+/// # Safety
+/// Each iovec is a readable buffer (write(2)'s contract).
+unsafe fn write_back(
+    d: &Description,
+    fd: c_int,
+    iov: &[iovec],
+    place: Placement,
+    kernel_append: impl FnOnce() -> ssize_t,
+) -> Option<ssize_t> {
+    if !d.inode.is_back() || !d.writable || iov.len() > IOV_MAX {
+        return None;
+    }
+    if iov.iter().any(|v| v.iov_base.is_null() && v.iov_len > 0) {
+        return None; // the kernel reports EFAULT
+    }
+    if iov.iter().all(|v| v.iov_len == 0) {
+        return Some(0); // nothing written, no offset moved (not even by O_APPEND)
+    }
+    let append = (place.append || d.append.load(Ordering::SeqCst)) && !place.no_append;
+    if d.shared.load(Ordering::SeqCst) {
+        // Another process may write through this description, with the kernel.
+        if append {
+            let n = d.inode.append_through_kernel(kernel_append)?;
+            if n > 0 && place.pos.is_none() {
+                // SAFETY: lseek on the program's fd, integer arguments.
+                let end = unsafe { real::lseek64(fd, 0, libc::SEEK_CUR) };
+                if end >= 0 {
+                    d.offset.store(end as u64, Ordering::SeqCst);
+                }
+            }
+            return Some(n);
+        }
+        d.inode.revalidate();
+    }
+    let at = if append {
+        WriteAt::Append
+    } else {
+        match place.pos {
+            Some(pos) => WriteAt::Pos(pos),
+            None => match d.offset(fd) {
+                Some(pos) => WriteAt::Pos(pos),
+                None => return Some(-1), // lseek failed and set errno
+            },
+        }
+    };
+    // At most MAX_RW bytes, as the kernel.
+    let mut room = MAX_RW;
+    let mut pieces: Vec<&[u8]> = Vec::with_capacity(iov.len());
+    for v in iov {
+        let len = v.iov_len.min(room);
+        if len > 0 {
+            // SAFETY: not null (checked), and by write(2)'s contract readable for iov_len
+            // bytes during the call.
+            pieces.push(unsafe { std::slice::from_raw_parts(v.iov_base.cast::<u8>(), len) });
+        }
+        room -= len;
+    }
+    let advice = d.advice.load(Ordering::Relaxed);
+    let (pos, n) = match d
+        .inode
+        .write(&d.handles, preferred_slot(), advice, &pieces, at)?
+    {
+        Ok(done) => done,
+        Err(errno) => {
+            set_errno(errno);
+            return Some(-1);
+        }
+    };
+    if place.pos.is_none() {
+        d.set_offset(fd, pos + n as u64);
+    }
+    if let Some(kind) = place.sync.or(d.sync_writes)
+        && n > 0
+        && let Some(Err(errno)) = d.inode.sync(&d.sync, kind)
+    {
+        set_errno(errno);
+        return Some(-1);
+    }
+    Some(n as ssize_t)
+}
+
+/// One buffer as an iovec.
+fn one(buf: *const c_void, count: size_t) -> [iovec; 1] {
+    [iovec {
+        iov_base: buf.cast_mut(),
+        iov_len: count,
+    }]
+}
+
+/// The caller's iovecs, if the count is one the kernel takes.
+///
+/// # Safety
+/// `iov` points to `iovcnt` iovecs (writev(2)'s contract).
+unsafe fn vectors<'a>(iov: *const iovec, iovcnt: c_int) -> Option<&'a [iovec]> {
+    if iov.is_null() || !(0..=IOV_MAX as c_int).contains(&iovcnt) {
+        return None;
+    }
+    // SAFETY: not null, and by the caller's contract `iovcnt` valid iovecs.
+    Some(unsafe { std::slice::from_raw_parts(iov, iovcnt as usize) })
+}
+
 /// # Safety
 /// write(2)'s contract.
 #[unsafe(no_mangle)]
@@ -346,6 +535,17 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
         return unsafe { real::write(fd, buf, count) };
     };
     let outer = guard::enter();
+    if outer.is_some() {
+        // SAFETY: write(2)'s contract, passed on.
+        let served = unsafe {
+            write_back(&d, fd, &one(buf, count), Placement::at_offset(), || {
+                real::write(fd, buf, count)
+            })
+        };
+        if let Some(n) = served {
+            return n;
+        }
+    }
     write_at_offset(
         &d,
         fd,
@@ -366,14 +566,28 @@ pub unsafe extern "C" fn pwrite64(
     count: size_t,
     offset: off64_t,
 ) -> ssize_t {
+    let Some(d) = table::get(fd).filter(|_| offset >= 0) else {
+        // SAFETY: passed on unchanged (a negative offset: the kernel reports EINVAL).
+        return unsafe { real::pwrite64(fd, buf, count, offset) };
+    };
+    let outer = guard::enter();
+    if outer.is_some() {
+        let place = Placement::at(offset as u64);
+        // SAFETY: pwrite(2)'s contract, passed on.
+        let served = unsafe {
+            write_back(&d, fd, &one(buf, count), place, || {
+                real::pwrite64(fd, buf, count, offset)
+            })
+        };
+        if let Some(n) = served {
+            return n;
+        }
+    }
     // SAFETY: passed on unchanged.
     let n = unsafe { real::pwrite64(fd, buf, count, offset) };
-    if let Some(d) = table::get(fd) {
-        let outer = guard::enter();
-        // Linux appends a pwrite to an O_APPEND file wherever it was asked to go.
-        let pos = (!d.append.load(Ordering::SeqCst)).then_some(offset as u64);
-        written(&d, pos, n, outer.as_ref());
-    }
+    // Linux appends a pwrite to an O_APPEND file wherever it was asked to go.
+    let pos = (!d.append.load(Ordering::SeqCst)).then_some(offset as u64);
+    written(&d, pos, n, outer.as_ref());
     n
 }
 
@@ -399,6 +613,21 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> 
         return unsafe { real::writev(fd, iov, iovcnt) };
     };
     let outer = guard::enter();
+    // SAFETY: writev(2)'s contract.
+    let vectors = unsafe { vectors(iov, iovcnt) };
+    if outer.is_some()
+        && let Some(vectors) = vectors
+    {
+        // SAFETY: writev(2)'s contract, passed on.
+        let served = unsafe {
+            write_back(&d, fd, vectors, Placement::at_offset(), || {
+                real::writev(fd, iov, iovcnt)
+            })
+        };
+        if let Some(n) = served {
+            return n;
+        }
+    }
     write_at_offset(
         &d,
         fd,
@@ -419,13 +648,31 @@ pub unsafe extern "C" fn pwritev64(
     iovcnt: c_int,
     offset: off64_t,
 ) -> ssize_t {
+    let Some(d) = table::get(fd).filter(|_| offset >= 0) else {
+        // SAFETY: passed on unchanged.
+        return unsafe { real::pwritev64(fd, iov, iovcnt, offset) };
+    };
+    let outer = guard::enter();
+    // SAFETY: pwritev(2)'s contract.
+    let vectors = unsafe { vectors(iov, iovcnt) };
+    if outer.is_some()
+        && let Some(vectors) = vectors
+    {
+        let place = Placement::at(offset as u64);
+        // SAFETY: pwritev(2)'s contract, passed on.
+        let served = unsafe {
+            write_back(&d, fd, vectors, place, || {
+                real::pwritev64(fd, iov, iovcnt, offset)
+            })
+        };
+        if let Some(n) = served {
+            return n;
+        }
+    }
     // SAFETY: passed on unchanged.
     let n = unsafe { real::pwritev64(fd, iov, iovcnt, offset) };
-    if let Some(d) = table::get(fd) {
-        let outer = guard::enter();
-        let pos = (!d.append.load(Ordering::SeqCst)).then_some(offset as u64);
-        written(&d, pos, n, outer.as_ref());
-    }
+    let pos = (!d.append.load(Ordering::SeqCst)).then_some(offset as u64);
+    written(&d, pos, n, outer.as_ref());
     n
 }
 
@@ -452,11 +699,45 @@ pub unsafe extern "C" fn pwritev64v2(
     offset: off64_t,
     flags: c_int,
 ) -> ssize_t {
-    let Some(d) = table::get(fd) else {
+    let Some(d) = table::get(fd).filter(|_| offset >= -1) else {
         // SAFETY: passed on unchanged.
         return unsafe { real::pwritev64v2(fd, iov, iovcnt, offset, flags) };
     };
     let outer = guard::enter();
+    // SAFETY: passed on unchanged.
+    let kernel = || unsafe { real::pwritev64v2(fd, iov, iovcnt, offset, flags) };
+    if outer.is_some() && d.inode.is_back() && flags & !SERVED_RWF != 0 {
+        // A flag the cache does not serve: the kernel writes, around the cache.
+        let pos = if offset == -1 {
+            d.offset(fd)
+        } else {
+            Some(offset as u64)
+        };
+        let start = pos.unwrap_or(0);
+        let end = pos.map_or(u64::MAX, |pos| {
+            // SAFETY: pwritev2(2)'s contract.
+            let total = unsafe { vectors(iov, iovcnt) }
+                .map_or(0, |v| v.iter().map(|v| v.iov_len as u64).sum::<u64>());
+            pos.saturating_add(total)
+        });
+        return d.inode.around_kernel(start, end, kernel, |n| *n > 0);
+    }
+    // SAFETY: pwritev2(2)'s contract.
+    let vectors = unsafe { vectors(iov, iovcnt) };
+    if outer.is_some()
+        && let Some(vectors) = vectors
+    {
+        let place = if offset == -1 {
+            Placement::at_offset()
+        } else {
+            Placement::at(offset as u64)
+        };
+        // SAFETY: pwritev2(2)'s contract, passed on.
+        let served = unsafe { write_back(&d, fd, vectors, place.with_flags(flags), kernel) };
+        if let Some(n) = served {
+            return n;
+        }
+    }
     if offset == -1 {
         return write_at_offset(
             &d,
@@ -468,9 +749,9 @@ pub unsafe extern "C" fn pwritev64v2(
             || unsafe { real::pwritev64v2(fd, iov, iovcnt, -1, flags) },
         );
     }
-    // SAFETY: passed on unchanged.
-    let n = unsafe { real::pwritev64v2(fd, iov, iovcnt, offset, flags) };
-    let appended = d.append.load(Ordering::SeqCst) || flags & libc::RWF_APPEND != 0;
+    let n = kernel();
+    let appended = (d.append.load(Ordering::SeqCst) || flags & libc::RWF_APPEND != 0)
+        && flags & libc::RWF_NOAPPEND == 0;
     let pos = (!appended).then_some(offset as u64);
     written(&d, pos, n, outer.as_ref());
     n
@@ -490,15 +771,30 @@ pub unsafe extern "C" fn pwritev2(
     unsafe { pwritev64v2(fd, iov, iovcnt, offset, flags) }
 }
 
-/// A change of size or of ranges the hook cannot name (truncate, fallocate): the cached file
-/// is not used again.
+// ---------------------------------------------------------------------------------------------
+// Sizes and allocation. Write-back: the cache's `set_len`, `fallocate` and `punch_hole`; what
+// it cannot do goes to the kernel around it (`Inode::around_kernel`).
+
+/// A call's 0 or -1 and errno, from the cache's answer.
+fn status(result: Result<(), c_int>) -> c_int {
+    match result {
+        Ok(()) => 0,
+        Err(errno) => {
+            set_errno(errno);
+            -1
+        }
+    }
+}
+
+/// A change of size or of ranges the hook cannot name (truncate, fallocate) made by the
+/// kernel: write-through invalidates; the cached file is not used again.
 fn resized(fd: c_int, rc: c_int) -> c_int {
     if rc == 0
         && let Some(d) = table::get(fd)
     {
         match guard::enter() {
             Some(_outer) => d.inode.written(0, u64::MAX),
-            None => d.inode.bump(),
+            None => d.inode.written_nested(),
         }
     }
     rc
@@ -508,6 +804,14 @@ fn resized(fd: c_int, rc: c_int) -> c_int {
 /// ftruncate(2)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
+    if let Some(d) = table::get(fd)
+        && d.writable
+        && len >= 0
+        && let Some(_outer) = guard::enter()
+        && let Some(result) = d.inode.set_len(len as u64)
+    {
+        return status(result);
+    }
     // SAFETY: integer arguments.
     resized(fd, unsafe { real::ftruncate64(fd, len) })
 }
@@ -520,6 +824,16 @@ pub unsafe extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
     unsafe { ftruncate64(fd, len) }
 }
 
+/// Where a kernel `fallocate` of `mode` may change the file: from `offset` to `offset + len`,
+/// or (collapsing or inserting a range shifts the rest) to the end.
+fn fallocate_end(mode: c_int, offset: u64, len: u64) -> u64 {
+    if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
+        u64::MAX
+    } else {
+        offset.saturating_add(len)
+    }
+}
+
 /// # Safety
 /// fallocate(2)'s contract.
 #[unsafe(no_mangle)]
@@ -530,7 +844,29 @@ pub unsafe extern "C" fn fallocate64(
     len: off64_t,
 ) -> c_int {
     // SAFETY: integer arguments.
-    resized(fd, unsafe { real::fallocate64(fd, mode, offset, len) })
+    let kernel = || unsafe { real::fallocate64(fd, mode, offset, len) };
+    if let Some(d) = table::get(fd)
+        && d.inode.is_back()
+        && d.writable
+        && offset >= 0
+        && len > 0
+        && let Some(_outer) = guard::enter()
+    {
+        let (start, count) = (offset as u64, len as u64);
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        let served = match mode {
+            0 => d.inode.fallocate(start, count),
+            _ if mode == punch => d.inode.punch_hole(start, count),
+            _ => {
+                let end = fallocate_end(mode, start, count);
+                return d.inode.around_kernel(start, end, kernel, |rc| *rc == 0);
+            }
+        };
+        if let Some(result) = served {
+            return status(result);
+        }
+    }
+    resized(fd, kernel())
 }
 
 /// # Safety
@@ -542,12 +878,31 @@ pub unsafe extern "C" fn fallocate(fd: c_int, mode: c_int, offset: off_t, len: o
 }
 
 /// # Safety
-/// posix_fallocate(3)'s contract.
+/// posix_fallocate(3)'s contract (it returns the error, errno stays).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn posix_fallocate64(fd: c_int, offset: off64_t, len: off64_t) -> c_int {
     // SAFETY: integer arguments.
-    let rc = unsafe { real::posix_fallocate64(fd, offset, len) };
-    resized(fd, rc)
+    let kernel = || unsafe { real::posix_fallocate64(fd, offset, len) };
+    if let Some(d) = table::get(fd)
+        && d.inode.is_back()
+        && d.writable
+        && offset >= 0
+        && len > 0
+        && let Some(_outer) = guard::enter()
+    {
+        let (start, count) = (offset as u64, len as u64);
+        match d.inode.fallocate(start, count) {
+            Some(Ok(())) => return 0,
+            // No fallocate on this file system: glibc writes the blocks itself.
+            Some(Err(libc::EOPNOTSUPP)) => {
+                let end = start.saturating_add(count);
+                return d.inode.around_kernel(start, end, kernel, |rc| *rc == 0);
+            }
+            Some(Err(errno)) => return errno,
+            None => {}
+        }
+    }
+    resized(fd, kernel())
 }
 
 /// # Safety
@@ -560,10 +915,10 @@ pub unsafe extern "C" fn posix_fallocate(fd: c_int, offset: off_t, len: off_t) -
 
 /// A path's (device, inode), following symlinks.
 fn key_of_path(path: *const c_char) -> Option<(u64, u64)> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    let mut st = std::mem::MaybeUninit::<libc::stat64>::uninit();
     // SAFETY: `path` is the caller's NUL-terminated path (checked non-null); stat fills the
     // valid local buffer.
-    let rc = unsafe { libc::stat(path, st.as_mut_ptr()) };
+    let rc = unsafe { real::stat64(path, st.as_mut_ptr()) };
     (rc == 0).then(|| {
         // SAFETY: stat succeeded, so it filled the struct.
         let st = unsafe { st.assume_init() };
@@ -580,6 +935,8 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: off64_t) -> c_int 
     } else {
         key_of_path(path)
     };
+    // The kernel first: it checks the path's permissions (the cache's file may be writable
+    // through another name).
     // SAFETY: passed on unchanged.
     let rc = unsafe { real::truncate64(path, len) };
     if rc == 0
@@ -587,7 +944,23 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: off64_t) -> c_int 
         && let Some(runtime) = runtime()
         && let Some(inode) = key.and_then(|key| runtime.find(key))
     {
-        inode.written(0, u64::MAX);
+        if !inode.is_back() {
+            inode.written(0, u64::MAX);
+            return rc;
+        }
+        match inode.set_len(len as u64) {
+            Some(Ok(())) => {}
+            // The cache's file is not writable, so it holds nothing dirty: it takes the file
+            // as storage has it now.
+            None => inode.around_kernel(len as u64, u64::MAX, || (), |()| true),
+            // Refused: the cache writes everything back and leaves the file to the kernel,
+            // which truncates again after that write back.
+            Some(Err(_)) => {
+                inode.set_uncached();
+                // SAFETY: passed on unchanged, as above.
+                return unsafe { real::truncate64(path, len) };
+            }
+        }
     }
     rc
 }
@@ -603,6 +976,33 @@ pub unsafe extern "C" fn truncate(path: *const c_char, len: off_t) -> c_int {
 // ---------------------------------------------------------------------------------------------
 // Offsets, advice, syncs
 
+/// Write-back mode's `SEEK_END`: from the cache's size (the kernel's is behind until
+/// writeback). `None`: not served that way.
+fn seek_end(d: &Description, fd: c_int, offset: off64_t) -> Option<off64_t> {
+    let (size, _) = d.inode.back_view()?;
+    let Some(target) = i64::try_from(size)
+        .ok()
+        .and_then(|size| size.checked_add(offset))
+    else {
+        set_errno(libc::EOVERFLOW);
+        return Some(-1);
+    };
+    if target < 0 {
+        set_errno(libc::EINVAL);
+        return Some(-1);
+    }
+    if d.shared.load(Ordering::SeqCst) {
+        // SAFETY: integer arguments.
+        let result = unsafe { real::lseek64(fd, target, libc::SEEK_SET) };
+        if result >= 0 {
+            d.offset.store(result as u64, Ordering::SeqCst);
+        }
+        return Some(result);
+    }
+    d.offset.store(target as u64, Ordering::SeqCst);
+    Some(target)
+}
+
 /// # Safety
 /// lseek(2)'s contract.
 #[unsafe(no_mangle)]
@@ -611,6 +1011,22 @@ pub unsafe extern "C" fn lseek64(fd: c_int, offset: off64_t, whence: c_int) -> o
         // SAFETY: integer arguments.
         return unsafe { real::lseek64(fd, offset, whence) };
     };
+    if d.inode.is_back() {
+        match whence {
+            libc::SEEK_END => {
+                if let Some(result) = seek_end(&d, fd, offset) {
+                    return result;
+                }
+            }
+            // The kernel looks for data and holes in what it has: give it everything.
+            libc::SEEK_DATA | libc::SEEK_HOLE => {
+                if let Some(_outer) = guard::enter() {
+                    d.inode.flush();
+                }
+            }
+            _ => {}
+        }
+    }
     if d.shared.load(Ordering::SeqCst) {
         // The kernel's offset is the one in use.
         // SAFETY: integer arguments.
@@ -730,15 +1146,25 @@ pub unsafe extern "C" fn readahead(fd: c_int, offset: off64_t, count: size_t) ->
     0
 }
 
-/// fsync, fdatasync and sync_file_range: writes are written through, so the kernel has every
-/// byte; these go to it unchanged. (With the library's write path they will write back first.)
-///
+/// fsync, fdatasync and sync_file_range. Write-through: the kernel has every byte; these go
+/// to it unchanged. Write-back: the description's handle writes the cache's dirty data back
+/// and reports each writeback error once to each description (errseq), as the kernel.
+/// Nested, they go to the kernel (which syncs only what it has).
+fn sync_served(fd: c_int, kind: SyncKind) -> Option<c_int> {
+    let d = table::get(fd)?;
+    if !d.inode.is_back() {
+        return None;
+    }
+    let _outer = guard::enter()?;
+    d.inode.sync(&d.sync, kind).map(status)
+}
+
 /// # Safety
 /// fsync(2)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
     // SAFETY: an integer argument.
-    unsafe { real::fsync(fd) }
+    sync_served(fd, SyncKind::All).unwrap_or_else(|| unsafe { real::fsync(fd) })
 }
 
 /// # Safety
@@ -746,7 +1172,7 @@ pub unsafe extern "C" fn fsync(fd: c_int) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fdatasync(fd: c_int) -> c_int {
     // SAFETY: an integer argument.
-    unsafe { real::fdatasync(fd) }
+    sync_served(fd, SyncKind::Data).unwrap_or_else(|| unsafe { real::fdatasync(fd) })
 }
 
 /// # Safety
@@ -758,8 +1184,61 @@ pub unsafe extern "C" fn sync_file_range(
     nbytes: off64_t,
     flags: c_uint,
 ) -> c_int {
+    let known = libc::SYNC_FILE_RANGE_WAIT_BEFORE
+        | libc::SYNC_FILE_RANGE_WRITE
+        | libc::SYNC_FILE_RANGE_WAIT_AFTER;
+    if offset >= 0 && nbytes >= 0 && flags & !known == 0 {
+        if flags == 0 && table::get(fd).is_some_and(|d| d.inode.is_back()) {
+            return 0; // no step asked: nothing done, no error reported (as the kernel)
+        }
+        let mut steps = SyncRange::default();
+        for (flag, step) in [
+            (libc::SYNC_FILE_RANGE_WAIT_BEFORE, SyncRange::WAIT_BEFORE),
+            (libc::SYNC_FILE_RANGE_WRITE, SyncRange::WRITE),
+            (libc::SYNC_FILE_RANGE_WAIT_AFTER, SyncRange::WAIT_AFTER),
+        ] {
+            if flags & flag != 0 {
+                steps = steps | step;
+            }
+        }
+        let kind = SyncKind::Range {
+            offset: offset as u64,
+            len: nbytes as u64,
+            flags: steps,
+        };
+        if let Some(rc) = sync_served(fd, kind) {
+            return rc;
+        }
+    }
     // SAFETY: integer arguments.
     unsafe { real::sync_file_range(fd, offset, nbytes, flags) }
+}
+
+/// Write-back mode: `sync(2)` and `syncfs(2)` make durable what the kernel has: write the
+/// cache back first.
+fn flush_everything() {
+    if let Some(runtime) = runtime()
+        && let Some(_outer) = guard::enter()
+    {
+        runtime.flush_all();
+    }
+}
+
+/// # Safety
+/// sync(2)'s contract (none).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sync() {
+    flush_everything();
+    real::sync();
+}
+
+/// # Safety
+/// syncfs(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn syncfs(fd: c_int) -> c_int {
+    flush_everything();
+    // SAFETY: an integer argument.
+    unsafe { real::syncfs(fd) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -780,8 +1259,9 @@ fn opened(fd: c_int, flags: c_int) -> c_int {
         return fd;
     }
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
-    // SAFETY: fstat fills the valid local buffer.
-    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+    // SAFETY: fstat fills the valid local buffer (`stat` and `stat64` are one layout here,
+    // see `SAME_STAT`).
+    if unsafe { real::fstat64(fd, st.as_mut_ptr().cast()) } != 0 {
         return fd;
     }
     // SAFETY: fstat succeeded.
@@ -982,12 +1462,57 @@ fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, rc: c_int) -> c_int {
     }
 }
 
+/// Write-back mode: a file lock or unlock of a served fd. Programs coordinate through locks
+/// (sqlite across processes): the inode is written back before any lock change (what this
+/// process wrote is on storage before another can take the lock), and revalidated after a
+/// lock is taken (what another wrote under the lock is seen). The fd's table entry is not
+/// held across `op`, which may wait for the lock as long as it takes.
+fn around_lock(fd: c_int, taking: bool, op: impl FnOnce() -> c_int) -> c_int {
+    let inode = match table::get(fd) {
+        Some(d) if d.inode.is_back() => std::sync::Arc::clone(&d.inode),
+        _ => return op(),
+    };
+    let Some(_outer) = guard::enter() else {
+        return op();
+    };
+    inode.flush();
+    let rc = op();
+    if rc == 0 && taking {
+        inode.revalidate();
+    }
+    rc
+}
+
+/// Whether `cmd` with `arg` sets a record lock, and if so whether it takes one (rather than
+/// releasing it).
+fn record_lock(cmd: c_int, arg: usize) -> Option<bool> {
+    if !matches!(
+        cmd,
+        libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
+    ) {
+        return None;
+    }
+    let lock = arg as *const libc::flock;
+    if lock.is_null() {
+        return Some(false); // the kernel reports EFAULT
+    }
+    // SAFETY: for these commands fcntl(2)'s contract makes `arg` a pointer to a readable
+    // struct flock (flock64 is the same layout on 64-bit targets).
+    let kind = unsafe { std::ptr::addr_of!((*lock).l_type).read() };
+    Some(c_int::from(kind) != libc::F_UNLCK)
+}
+
 /// # Safety
 /// fcntl(2)'s contract (see the module doc for the variadic argument).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     // SAFETY: passed on unchanged.
-    fcntl_common(fd, cmd, arg, unsafe { real::fcntl(fd, cmd, arg) })
+    let call = || unsafe { real::fcntl(fd, cmd, arg) };
+    let rc = match record_lock(cmd, arg) {
+        Some(taking) => around_lock(fd, taking, call),
+        None => call(),
+    };
+    fcntl_common(fd, cmd, arg, rc)
 }
 
 /// # Safety
@@ -995,22 +1520,66 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
     // SAFETY: passed on unchanged.
-    fcntl_common(fd, cmd, arg, unsafe { real::fcntl64(fd, cmd, arg) })
+    let call = || unsafe { real::fcntl64(fd, cmd, arg) };
+    let rc = match record_lock(cmd, arg) {
+        Some(taking) => around_lock(fd, taking, call),
+        None => call(),
+    };
+    fcntl_common(fd, cmd, arg, rc)
+}
+
+/// # Safety
+/// flock(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn flock(fd: c_int, operation: c_int) -> c_int {
+    let taking = operation & libc::LOCK_UN == 0;
+    // SAFETY: integer arguments.
+    around_lock(fd, taking, || unsafe { real::flock(fd, operation) })
+}
+
+/// # Safety
+/// lockf(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int {
+    // SAFETY: integer arguments.
+    let call = || unsafe { real::lockf64(fd, cmd, len) };
+    match cmd {
+        libc::F_LOCK | libc::F_TLOCK => around_lock(fd, true, call),
+        libc::F_ULOCK => around_lock(fd, false, call),
+        _ => call(), // F_TEST
+    }
+}
+
+/// # Safety
+/// lockf(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int {
+    // SAFETY: the same function.
+    unsafe { lockf64(fd, cmd, len) }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Paths around the cache: mmap, copy_file_range, sendfile
 
-/// A shared writable mapping writes behind the cache's back: the file is not cached again.
+/// Before a mapping of a served fd. Write-through: a shared writable mapping writes behind
+/// the cache's back, so the file is not cached again. Write-back: a mapping reads the kernel's
+/// copy, so the inode is written back first; a shared mapping (even read only) would then miss
+/// the writes that go into the cache (the kernel keeps `write` and shared mappings coherent),
+/// so the inode becomes uncached (after the write back). Nested, no lock may be taken: a shared
+/// mapping only marks the inode, and the mapping may show what the kernel had.
 fn mapped(fd: c_int, prot: c_int, flags: c_int) {
-    if flags & libc::MAP_SHARED != 0
-        && prot & libc::PROT_WRITE != 0
-        && let Some(d) = table::get(fd)
-    {
-        match (guard::enter(), runtime()) {
-            (Some(_outer), Some(runtime)) => runtime.set_uncached(d.inode.key),
-            _ => d.inode.mark_uncached(),
-        }
+    let Some(d) = table::get(fd) else { return };
+    let shared = flags & libc::MAP_SHARED != 0; // MAP_SHARED_VALIDATE has the bit too
+    let uncache = if d.inode.is_back() {
+        shared
+    } else {
+        shared && prot & libc::PROT_WRITE != 0
+    };
+    match (guard::enter(), runtime()) {
+        (Some(_outer), Some(runtime)) if uncache => runtime.set_uncached(d.inode.key),
+        (Some(_outer), _) => d.inode.flush(),
+        (None, _) if uncache => d.inode.mark_uncached(),
+        (None, _) => {}
     }
 }
 
@@ -1097,6 +1666,60 @@ pub unsafe extern "C" fn sendfile(
     unsafe { sendfile64(out_fd, in_fd, offset, count) }
 }
 
+/// `FICLONE` and `FICLONERANGE` (reflink copies, `cp --reflink`): `struct file_clone_range`'s
+/// first field is the source fd.
+const FICLONE: libc::c_ulong = 0x4004_9409;
+const FICLONERANGE: libc::c_ulong = 0x4020_940d;
+
+/// ioctl: a reflink clone from or into a served fd is refused (`EOPNOTSUPP`, as a file system
+/// without it answers, and callers copy instead): the kernel would share its own copy of the
+/// data, around the cache. Everything else passes on.
+///
+/// # Safety
+/// ioctl(2)'s contract (see the module doc for the variadic argument).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: libc::c_ulong, arg: usize) -> c_int {
+    let source = match request {
+        FICLONE => Some(arg as c_int),
+        FICLONERANGE if arg != 0 => {
+            // SAFETY: for FICLONERANGE, ioctl's contract makes `arg` a pointer to a readable
+            // struct file_clone_range, whose first field is the source fd (an s64).
+            Some(unsafe { (arg as *const i64).read_unaligned() } as c_int)
+        }
+        _ => None,
+    };
+    if let Some(source) = source
+        && (table::get(fd).is_some() || table::get(source).is_some())
+    {
+        set_errno(libc::EOPNOTSUPP);
+        return -1;
+    }
+    // SAFETY: passed on unchanged.
+    unsafe { real::ioctl(fd, request, arg) }
+}
+
+/// Refused for served fds like sendfile: the kernel would read or write its own copy at its
+/// own offset, around the cache and the table's offsets.
+///
+/// # Safety
+/// splice(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn splice(
+    fd_in: c_int,
+    off_in: *mut off64_t,
+    fd_out: c_int,
+    off_out: *mut off64_t,
+    len: size_t,
+    flags: c_uint,
+) -> ssize_t {
+    if table::get(fd_in).is_some() || table::get(fd_out).is_some() {
+        set_errno(libc::EINVAL);
+        return -1;
+    }
+    // SAFETY: passed on unchanged.
+    unsafe { real::splice(fd_in, off_in, fd_out, off_out, len, flags) }
+}
+
 /// The read hook for `stdio` cookies (a `FILE` opened by `fopen` on a served file).
 ///
 /// # Safety
@@ -1137,8 +1760,9 @@ pub(crate) unsafe fn hook_open(path: *const c_char, flags: c_int, mode: c_uint) 
 }
 
 // ---------------------------------------------------------------------------------------------
-// New programs: the kernel's offsets of served fds are brought up to date before a program
-// can inherit them. fork does it in its atfork handler; these cover the ways around it.
+// New programs: the kernel's offsets of served fds (and, in write-back mode, the files' data)
+// are brought up to date before a program can inherit them or read the files. fork does it in
+// its atfork handler; these cover the ways around it.
 
 /// vfork cannot be wrapped (the child would return through this frame on the parent's
 /// stack): a plain fork, which runs the atfork handlers, takes its place.
@@ -1159,7 +1783,7 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    table::sync_kernel_offsets();
+    crate::before_new_program();
     // SAFETY: passed on unchanged.
     unsafe { real::execve(path, argv, envp) }
 }
@@ -1168,7 +1792,7 @@ pub unsafe extern "C" fn execve(
 /// execv(3)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    table::sync_kernel_offsets();
+    crate::before_new_program();
     // SAFETY: passed on unchanged.
     unsafe { real::execv(path, argv) }
 }
@@ -1177,7 +1801,7 @@ pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) 
 /// execvp(3)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    table::sync_kernel_offsets();
+    crate::before_new_program();
     // SAFETY: passed on unchanged.
     unsafe { real::execvp(file, argv) }
 }
@@ -1190,7 +1814,7 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    table::sync_kernel_offsets();
+    crate::before_new_program();
     // SAFETY: passed on unchanged.
     unsafe { real::execvpe(file, argv, envp) }
 }
@@ -1206,7 +1830,7 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    table::sync_kernel_offsets();
+    crate::before_new_program();
     // SAFETY: passed on unchanged.
     unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
 }
@@ -1222,7 +1846,7 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    table::sync_kernel_offsets();
+    crate::before_new_program();
     // SAFETY: passed on unchanged.
     unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
 }
@@ -1231,7 +1855,7 @@ pub unsafe extern "C" fn posix_spawnp(
 /// system(3)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
-    table::sync_kernel_offsets();
+    crate::before_new_program();
     // SAFETY: passed on unchanged.
     unsafe { real::system(command) }
 }
@@ -1240,7 +1864,7 @@ pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
 /// popen(3)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    table::sync_kernel_offsets();
+    crate::before_new_program();
     // SAFETY: passed on unchanged.
     unsafe { real::popen(command, mode) }
 }

@@ -1,16 +1,20 @@
-//! `libfoliocache_preload.so`: unmodified programs read the files under `FOLIOCACHE_PATHS`
-//! through a private foliocache (`LD_PRELOAD=.../libfoliocache_preload.so`).
+//! `libfoliocache_preload.so`: unmodified programs read (and, with `FOLIOCACHE_WRITES=back`,
+//! write) the files under `FOLIOCACHE_PATHS` through a private foliocache
+//! (`LD_PRELOAD=.../libfoliocache_preload.so`). docs/PRELOAD.md is the user's guide: the
+//! settings, the two write modes, and what each guarantees.
 //!
 //! # How it fits together
-//! * `hooks` and `stdio` define the interposed symbols (`open`, `read`, `pread64`, `fopen`...).
-//!   Each looks its fd up in the `table`; an fd that is not served (and every call made before
-//!   the constructor ran, or after a fork) goes straight to libc (`real`: `dlsym(RTLD_NEXT)`).
+//! * `hooks` and `stdio` define the interposed symbols (`open`, `read`, `pwrite64`, `fstat`,
+//!   `fopen`...). Each looks its fd up in the `table`; an fd that is not served (and every call
+//!   made before the constructor ran, or after a fork) goes straight to libc (`real`:
+//!   `dlsym(RTLD_NEXT)`).
 //! * An intercepted fd stays a real kernel fd of the program, opened normally: `mmap`, `fstat`,
 //!   `fchmod`, locks, `fsync` all work on it. The table adds what the cache needs: the shared
-//!   file offset (dup'd fds share it), flags, and readahead states.
-//! * `adapter` is the only module that calls foliocache's file API: reads through the cache,
-//!   writes through to the kernel and invalidated (until the library has its write path), and
-//!   revalidation on open. Its module doc is the coherence argument.
+//!   file offset (dup'd fds share it), flags, readahead states and (write-back) sync handles.
+//! * `adapter` is the only module that calls foliocache's file API. Its module doc is the
+//!   coherence argument of both modes: write-through (writes go to the kernel, then the
+//!   cached range is invalidated) and write-back (writes go into the cache; the kernel is
+//!   brought up to date at flush points, and the stat calls report the cache's size).
 //! * `guard`: a hook entered while its thread is already inside one (the library's own I/O,
 //!   or a signal handler that interrupted a hook) takes the *raw path*: the real call at the
 //!   offset the table keeps, no cache, no lock.
@@ -18,13 +22,18 @@
 //! # Lifecycle
 //! * The constructor reads the settings (`config`); a bad one is one line on stderr and the
 //!   program runs uncached. The cache itself is made on the first open of a file it serves.
-//! * fork: `pthread_atfork` handlers hold the registry lock across the fork (so the child never
-//!   inherits it locked) and write every served fd's offset back to its kernel fd. The child
-//!   forgets the parent's cache and fd table without freeing them (their threads stayed in the
-//!   parent): inherited fds pass through there, and the child's own opens get a fresh cache.
-//! * exec: the kernel fds keep their flags (`O_CLOEXEC` included); the new image starts with an
-//!   empty table, so inherited fds pass through.
-//! * exit: with `FOLIOCACHE_STATS`, an `atexit` handler appends the counters (`stats`).
+//! * fork: `pthread_atfork` handlers first write back every inode served in write-back mode
+//!   (the child reads the file through the kernel), then hold the registry locks across the
+//!   fork (so the child never inherits them locked) and write every served fd's offset back to
+//!   its kernel fd. The child forgets the parent's cache and fd table without freeing them
+//!   (their threads stayed in the parent): inherited fds pass through there, and the child's
+//!   own opens get a fresh cache.
+//! * exec (and `posix_spawn`, `system`, `popen`): the same write back and offsets first; the
+//!   new image starts with an empty table, so inherited fds pass through.
+//! * exit: in write-back mode an `atexit` handler flushes the library's own `FILE` streams,
+//!   writes back every inode and makes it uncached (what is written later in the exit goes to
+//!   the kernel). With `FOLIOCACHE_STATS`, an `atexit` handler appends the counters (`stats`),
+//!   after the write back.
 
 // The hooks (which use nearly everything) are left out of the unit-test build: a test binary
 // that interposed its own libc calls would test itself.
@@ -46,17 +55,19 @@ mod guard;
 #[cfg(not(test))]
 mod hooks;
 mod real;
+#[cfg(not(test))]
+mod stat;
 mod stats;
 #[cfg(not(test))]
 mod stdio;
 mod table;
 
 use adapter::{Inode, NotCached};
-use config::Config;
+use config::{Config, Writes};
 use foliocache::Cache;
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 /// Not started: every call passes through (calls made before the constructor ran).
@@ -69,12 +80,23 @@ const OFF: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(NOT_STARTED);
 static RUNTIME: OnceLock<Runtime> = OnceLock::new();
 
+/// Entries in [`Runtime::back`] (so the stat calls of a process with none take no lock).
+static BACK_ENTRIES: AtomicUsize = AtomicUsize::new(0);
+/// The exit flush ran: files opened from now on are not served in write-back mode.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
 /// The settings and the registry of files.
 #[derive(Debug)]
 pub(crate) struct Runtime {
     pub(crate) config: Config,
     registry: Mutex<Registry>,
+    /// The inodes served in write-back mode, for the stat calls and the flush points: a lock
+    /// of its own, held only for a lookup (the registry's is held while files are opened).
+    /// Written under the registry lock.
+    back: Mutex<BackMap>,
 }
+
+type BackMap = HashMap<(u64, u64), Weak<Inode>>;
 
 #[derive(Debug, Default)]
 struct Registry {
@@ -101,28 +123,39 @@ impl Runtime {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn back_map(&self) -> MutexGuard<'_, BackMap> {
+        self.back.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// The inode for a regular file under the served directories, open as `fd` with `flags`
     /// (`None`: the fd passes through).
     pub(crate) fn inode_for(&self, fd: i32, st: &libc::stat, flags: i32) -> Option<Arc<Inode>> {
         let key = (st.st_dev, st.st_ino);
+        let writes = self.config.writes;
         let mut registry = self.registry();
         if registry.no_direct.contains(&st.st_dev) || registry.uncached.contains(&key) {
             return None;
         }
         if flags & libc::O_DIRECT != 0 {
-            // The program does its own direct I/O: its writes would bypass the invalidation.
-            registry.uncached.insert(key);
-            if let Some(inode) = registry.inodes.get(&key).and_then(Weak::upgrade) {
-                inode.set_uncached();
-            }
+            // The program does its own direct I/O: its writes would bypass the cache.
+            drop(registry);
+            self.set_uncached(key);
             return None;
         }
         if let Some(inode) = registry.inodes.get(&key).and_then(Weak::upgrade) {
-            inode.revalidate(st);
-            if flags & libc::O_TRUNC != 0 {
-                inode.bump();
-            }
-            return Some(inode);
+            drop(registry);
+            return match inode.reopen(fd, st, flags) {
+                Ok(()) => Some(inode),
+                Err(_) => {
+                    // Cannot serve this fd (the cache's file could not be made writable):
+                    // its writes would bypass the cache.
+                    self.set_uncached(key);
+                    None
+                }
+            };
+        }
+        if writes == Writes::Back && EXITING.load(Ordering::Acquire) {
+            return None;
         }
         let cache = match &registry.cache {
             Some(cache) => cache.clone(),
@@ -143,11 +176,17 @@ impl Runtime {
             .ra_bytes
             .or_else(|| config::device_read_ahead_bytes(st.st_dev))
             .unwrap_or(128 << 10);
-        match Inode::open(&cache, fd, st, ra_bytes) {
+        match Inode::open(&cache, fd, st, flags, ra_bytes, writes) {
             Ok(inode) => {
                 let inode = Arc::new(inode);
                 registry.inodes.retain(|_, weak| weak.strong_count() > 0);
                 registry.inodes.insert(key, Arc::downgrade(&inode));
+                if inode.is_back() {
+                    let mut back = self.back_map();
+                    back.retain(|_, weak| weak.strong_count() > 0);
+                    back.insert(key, Arc::downgrade(&inode));
+                    BACK_ENTRIES.store(back.len(), Ordering::Release);
+                }
                 Some(inode)
             }
             Err(NotCached::NoDirectIo) => {
@@ -162,11 +201,15 @@ impl Runtime {
         }
     }
 
-    /// An inode (by key) becomes uncached for the rest of the process.
+    /// An inode (by key) becomes uncached for the rest of the process (in write-back mode,
+    /// after its dirty data was written back).
     pub(crate) fn set_uncached(&self, key: (u64, u64)) {
-        let mut registry = self.registry();
-        registry.uncached.insert(key);
-        if let Some(inode) = registry.inodes.get(&key).and_then(Weak::upgrade) {
+        let inode = {
+            let mut registry = self.registry();
+            registry.uncached.insert(key);
+            registry.inodes.get(&key).and_then(Weak::upgrade)
+        };
+        if let Some(inode) = inode {
             inode.set_uncached();
         }
     }
@@ -175,6 +218,42 @@ impl Runtime {
     pub(crate) fn find(&self, key: (u64, u64)) -> Option<Arc<Inode>> {
         self.registry().inodes.get(&key).and_then(Weak::upgrade)
     }
+
+    /// The live inode served in write-back mode for a key, if any (for the stat calls).
+    pub(crate) fn find_back(&self, key: (u64, u64)) -> Option<Arc<Inode>> {
+        if BACK_ENTRIES.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.back_map().get(&key).and_then(Weak::upgrade)
+    }
+
+    /// The live inodes served in write-back mode.
+    fn back_inodes(&self) -> Vec<Arc<Inode>> {
+        if BACK_ENTRIES.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        self.back_map().values().filter_map(Weak::upgrade).collect()
+    }
+
+    /// A flush point for the whole process: writes back every inode served in write-back
+    /// mode, and waits. Only for outer calls.
+    pub(crate) fn flush_all(&self) {
+        for inode in self.back_inodes() {
+            inode.flush();
+        }
+    }
+}
+
+/// Before a new program (or a child process) can read the files through the kernel: every
+/// served fd's offset goes to its kernel fd and, in write-back mode, every inode is written
+/// back. Nested (a signal handler spawning) there is no writing back: it would take locks.
+pub(crate) fn before_new_program() {
+    if let Some(runtime) = runtime()
+        && let Some(_outer) = guard::enter()
+    {
+        runtime.flush_all();
+    }
+    table::sync_kernel_offsets();
 }
 
 extern "C" fn start() {
@@ -184,9 +263,11 @@ extern "C" fn start() {
     match Config::from_env(|key| std::env::var(key).ok()) {
         Ok(Some(config)) => {
             let stats = config.stats_path.is_some();
+            let back = config.writes == Writes::Back;
             let _ = RUNTIME.set(Runtime {
                 config,
                 registry: Mutex::new(Registry::default()),
+                back: Mutex::new(BackMap::new()),
             });
             // SAFETY: the three handlers are `extern "C" fn()` items of this library, which
             // stays loaded for the life of the process (an LD_PRELOAD library is never
@@ -198,9 +279,14 @@ extern "C" fn start() {
                     Some(after_fork_child),
                 )
             };
+            // atexit handlers run last registered first: the write back before the counters.
             if stats {
                 // SAFETY: as above, a function of this library that lives as long as the process.
                 unsafe { libc::atexit(write_stats) };
+            }
+            if back {
+                // SAFETY: as above.
+                unsafe { libc::atexit(exit_flush) };
             }
             STATE.store(ACTIVE, Ordering::Release);
         }
@@ -217,17 +303,25 @@ extern "C" fn start() {
 #[unsafe(link_section = ".init_array")]
 static START: extern "C" fn() = start;
 
+/// The registry locks a forking thread holds across the fork.
+type ForkLocks = (MutexGuard<'static, Registry>, MutexGuard<'static, BackMap>);
+
 thread_local! {
-    /// The registry lock held across a fork by the forking thread.
-    static FORK_LOCK: RefCell<Option<MutexGuard<'static, Registry>>> = const { RefCell::new(None) };
+    /// The registry locks held across a fork by the forking thread.
+    static FORK_LOCK: RefCell<Option<ForkLocks>> = const { RefCell::new(None) };
 }
 
 extern "C" fn before_fork() {
     let Some(runtime) = runtime() else { return };
+    // The child reads the files through the kernel: it must have every byte.
+    if let Some(_outer) = guard::enter() {
+        runtime.flush_all();
+    }
     let registry = runtime.registry();
+    let back = runtime.back_map();
     // The kernel fds' offsets: a child (or a program exec'd by it) reads them.
     table::sync_kernel_offsets();
-    let _ = FORK_LOCK.try_with(|slot| *slot.borrow_mut() = Some(registry));
+    let _ = FORK_LOCK.try_with(|slot| *slot.borrow_mut() = Some((registry, back)));
 }
 
 extern "C" fn after_fork_parent() {
@@ -243,6 +337,8 @@ extern "C" fn after_fork_child() {
     std::mem::forget(registry.cache.take());
     std::mem::forget(std::mem::take(&mut registry.inodes));
     drop(registry);
+    std::mem::forget(std::mem::take(&mut *runtime.back_map()));
+    BACK_ENTRIES.store(0, Ordering::Release);
     table::forget_all();
     stats::reset();
 }
@@ -264,10 +360,15 @@ extern "C" fn write_stats() {
         }
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    let evicted = registry
+    let counters = registry
         .as_ref()
         .and_then(|r| r.cache.as_ref())
-        .map_or(0, |cache| cache.reclaim_stats().evicted_pages);
+        .map_or_else(stats::CacheCounters::default, |cache| {
+            stats::CacheCounters {
+                evicted_pages: cache.reclaim_stats().evicted_pages,
+                writeback_pages: cache.stats().dirty.written_pages,
+            }
+        });
     let program = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
     let json = stats::json(
         |each| {
@@ -277,7 +378,7 @@ extern "C" fn write_stats() {
                 }
             }
         },
-        evicted,
+        counters,
         program.trim(),
     );
     let Some(json) = json else { return };
@@ -291,5 +392,22 @@ extern "C" fn write_stats() {
         .and_then(|mut file| std::io::Write::write_all(&mut file, json.as_bytes()));
     if let Err(error) = written {
         eprintln!("foliocache-preload: cannot write FOLIOCACHE_STATS={path}: {error}");
+    }
+}
+
+/// Write-back mode, at exit: the library's `FILE` streams are flushed (exit would write their
+/// buffers after this handler), then every inode is written back and made uncached, so what
+/// later exit handlers write goes to the kernel. `_exit` and fatal signals skip this.
+extern "C" fn exit_flush() {
+    // Outside the guard: the streams' writes must take the hooks' outer path.
+    #[cfg(not(test))]
+    stdio::flush_streams();
+    let Some(_entered) = guard::enter() else {
+        return; // exit called from inside a hook (a signal handler): no lock may be taken
+    };
+    let Some(runtime) = runtime() else { return };
+    EXITING.store(true, Ordering::Release);
+    for inode in runtime.back_inodes() {
+        inode.set_uncached();
     }
 }

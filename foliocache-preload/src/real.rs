@@ -97,7 +97,20 @@ real_functions! {
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, offset: off64_t) -> *mut c_void = libc::MAP_FAILED;
     fn copy_file_range(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t = -1;
     fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t = -1;
+    fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t = -1;
     fn fsync(fd: c_int) -> c_int = -1;
+    fn syncfs(fd: c_int) -> c_int = -1;
+    fn flock(fd: c_int, operation: c_int) -> c_int = -1;
+    fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int = -1;
+    fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int = -1;
+    fn stat64(path: *const c_char, buf: *mut libc::stat64) -> c_int = -1;
+    fn lstat64(path: *const c_char, buf: *mut libc::stat64) -> c_int = -1;
+    fn fstatat64(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = -1;
+    fn statx(dirfd: c_int, path: *const c_char, flags: c_int, mask: c_uint, buf: *mut libc::statx) -> c_int = -1;
+    fn __fxstat64(version: c_int, fd: c_int, buf: *mut libc::stat64) -> c_int = -1;
+    fn __xstat64(version: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = -1;
+    fn __lxstat64(version: c_int, path: *const c_char, buf: *mut libc::stat64) -> c_int = -1;
+    fn __fxstatat64(version: c_int, dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int = -1;
     fn fdatasync(fd: c_int) -> c_int = -1;
     fn sync_file_range(fd: c_int, offset: off64_t, nbytes: off64_t, flags: c_uint) -> c_int = -1;
     fn execve(path: *const c_char, argv: *const *const c_char, envp: *const *const c_char) -> c_int = -1;
@@ -116,4 +129,26 @@ real_functions! {
     fn fclose(stream: *mut libc::FILE) -> c_int = libc::EOF;
     fn fileno(stream: *mut libc::FILE) -> c_int = -1;
     fn fileno_unlocked(stream: *mut libc::FILE) -> c_int = -1;
+    fn fflush(stream: *mut libc::FILE) -> c_int = libc::EOF;
+    fn freopen(path: *const c_char, mode: *const c_char, stream: *mut libc::FILE) -> *mut libc::FILE = std::ptr::null_mut();
+    fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut libc::FILE) -> *mut libc::FILE = std::ptr::null_mut();
+    fn ioctl(fd: c_int, request: libc::c_ulong, ...arg: usize) -> c_int = -1;
+}
+
+/// The real `sync` (it returns nothing, so it is written out here rather than in the list).
+pub(crate) fn sync() {
+    static ADDRESS: AtomicUsize = AtomicUsize::new(0);
+    let mut address = ADDRESS.load(Ordering::Relaxed);
+    if address == 0 {
+        address = resolve("sync\0");
+        if address == 0 {
+            return;
+        }
+        ADDRESS.store(address, Ordering::Relaxed);
+    }
+    // SAFETY: the non-null address dlsym gave for `sync`, whose C signature is
+    // `void sync(void)`.
+    let function = unsafe { std::mem::transmute::<usize, unsafe extern "C" fn()>(address) };
+    // SAFETY: no arguments.
+    unsafe { function() }
 }

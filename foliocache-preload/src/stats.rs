@@ -3,6 +3,14 @@
 //! Each process that opened a file through the cache appends one JSON object on one line to
 //! PATH (a `%p` in PATH is replaced by the process id), so a shell and the programs it starts
 //! each leave their own line and none overwrites another's.
+//!
+//! Writes: `writes` counts the writes of served fds the library carried out (either mode);
+//! `bytes_written_through` went to the kernel (write-through, or a write-back append through
+//! a description another process shares), `bytes_written_to_cache` into the cache's dirty
+//! folios. `writeback_pages` are the pages the cache wrote to storage (flusher, write-behind,
+//! syncs, flush points, last close); `syncs` the fsync/fdatasync/sync_file_range calls the
+//! cache served; `flushes` the flush points (mmap, fork, exec, locks, exit...) that wrote an
+//! inode back.
 
 use foliocache::File;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,6 +35,9 @@ counters!(
     passthrough_reads,
     writes,
     bytes_written_through,
+    bytes_written_to_cache,
+    syncs,
+    flushes,
     invalidations,
     files,
     retired_device_bytes,
@@ -54,6 +65,22 @@ pub(crate) fn read_passed_through() {
 pub(crate) fn written_through(bytes: u64) {
     add(&counter::writes, 1);
     add(&counter::bytes_written_through, bytes);
+}
+
+/// A write of `bytes` bytes into the cache (write-back mode).
+pub(crate) fn written_to_cache(bytes: u64) {
+    add(&counter::writes, 1);
+    add(&counter::bytes_written_to_cache, bytes);
+}
+
+/// A sync served by the cache.
+pub(crate) fn synced() {
+    add(&counter::syncs, 1);
+}
+
+/// An inode written back at a flush point.
+pub(crate) fn flushed() {
+    add(&counter::flushes, 1);
 }
 
 pub(crate) fn invalidation() {
@@ -92,10 +119,17 @@ pub(crate) fn reset() {
     }
 }
 
+/// What the cache itself counted, for [`json`].
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct CacheCounters {
+    pub(crate) evicted_pages: u64,
+    pub(crate) writeback_pages: u64,
+}
+
 /// The counters as one JSON object (`live` visits the files still open).
 pub(crate) fn json(
     live: impl FnOnce(&mut dyn FnMut(&File)),
-    evicted_pages: u64,
+    cache: CacheCounters,
     program: &str,
 ) -> Option<String> {
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -119,16 +153,22 @@ pub(crate) fn json(
     Some(format!(
         "{{\"pid\":{},\"program\":\"{program}\",\"reads\":{reads},\"hits\":{},\"misses\":{misses},\
          \"bytes_from_cache\":{},\"bytes_from_device\":{device_bytes},\"device_requests\":{device_requests},\
-         \"passthrough_reads\":{},\"readahead_calls\":{},\"files\":{},\"evicted_pages\":{evicted_pages},\"writes\":{},\
-         \"writeback_bytes\":{},\"invalidations\":{}}}\n",
+         \"passthrough_reads\":{},\"readahead_calls\":{},\"files\":{},\"evicted_pages\":{},\"writes\":{},\
+         \"bytes_written_through\":{},\"bytes_written_to_cache\":{},\"writeback_pages\":{},\
+         \"syncs\":{},\"flushes\":{},\"invalidations\":{}}}\n",
         std::process::id(),
         reads.saturating_sub(misses),
         get(&counter::bytes_from_cache),
         get(&counter::passthrough_reads),
         get(&counter::readahead_calls),
         get(&counter::files),
+        cache.evicted_pages,
         get(&counter::writes),
         get(&counter::bytes_written_through),
+        get(&counter::bytes_written_to_cache),
+        cache.writeback_pages,
+        get(&counter::syncs),
+        get(&counter::flushes),
         get(&counter::invalidations),
     ))
 }

@@ -4,12 +4,17 @@
 //! * `fopen` of a served file opens it through the `open` hook and wraps the fd in a
 //!   `fopencookie` stream whose read, write, seek and close are the hooks; `fileno` of such a
 //!   stream returns the fd (glibc's would say -1).
-//! * `fdopen` of a served fd gives glibc's own stream: its reads are the kernel's (correct,
-//!   since the kernel has every byte), its writes would bypass the invalidation, so a stream
-//!   opened for writing makes the file uncached. The kernel's offset is set to the table's
-//!   first, so the stream starts where the program's reads left off.
+//! * `fdopen` of a served fd gives glibc's own stream: its reads are the kernel's (correct in
+//!   write-through mode, since the kernel has every byte), its writes would bypass the
+//!   invalidation, so a stream opened for writing makes the file uncached. In write-back mode
+//!   any `fdopen` does (the kernel is behind the cache: the file is written back first). The
+//!   kernel's offset is set to the table's first, so the stream starts where the program's
+//!   reads left off.
 //! * `fclose` of a stream on a served fd takes the fd out of the table *before* glibc closes
 //!   it (afterwards the number could already belong to another file).
+//! * Streams glibc opens itself (`freopen`, an `fopen` mode this library leaves to glibc such
+//!   as `,ccs=`) read and write with libc-internal calls: in write-back mode their file becomes
+//!   uncached for the rest of the process (after a write back), as for `fdopen`.
 
 use crate::guard;
 use crate::hooks::{hook_close, hook_lseek, hook_open, hook_read, hook_write};
@@ -107,7 +112,7 @@ unsafe fn open_stream(
     // SAFETY: not null, and by fopen's contract NUL-terminated.
     let mode_bytes = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
     let Some(flags) = crate::config::fopen_flags(mode_bytes) else {
-        return real_fopen(path, mode);
+        return unseen_stream(real_fopen(path, mode));
     };
     {
         // Only an outermost call is served (the library's own fopen calls pass through).
@@ -152,6 +157,56 @@ unsafe fn open_stream(
     stream
 }
 
+/// Write-back mode: a stream glibc opened on a file itself, whose reads and writes the hooks
+/// never see, makes the file uncached (written back first, never served again here).
+fn unseen_stream(stream: *mut FILE) -> *mut FILE {
+    if stream.is_null() {
+        return stream;
+    }
+    let Some(runtime) = runtime().filter(|r| r.config.writes == crate::config::Writes::Back) else {
+        return stream;
+    };
+    let Some(_outer) = guard::enter() else {
+        return stream;
+    };
+    // SAFETY: a stream glibc just returned.
+    let fd = unsafe { real::fileno(stream) };
+    let mut st = std::mem::MaybeUninit::<libc::stat64>::uninit();
+    // SAFETY: fstat fills the valid local buffer.
+    if fd >= 0 && unsafe { real::fstat64(fd, st.as_mut_ptr()) } == 0 {
+        // SAFETY: fstat succeeded.
+        let st = unsafe { st.assume_init() };
+        if st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            runtime.set_uncached((st.st_dev, st.st_ino));
+        }
+    }
+    stream
+}
+
+/// # Safety
+/// freopen(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freopen(
+    path: *const c_char,
+    mode: *const c_char,
+    stream: *mut FILE,
+) -> *mut FILE {
+    // SAFETY: passed on unchanged.
+    unseen_stream(unsafe { real::freopen(path, mode, stream) })
+}
+
+/// # Safety
+/// freopen(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn freopen64(
+    path: *const c_char,
+    mode: *const c_char,
+    stream: *mut FILE,
+) -> *mut FILE {
+    // SAFETY: passed on unchanged.
+    unseen_stream(unsafe { real::freopen64(path, mode, stream) })
+}
+
 fn real_fopen(path: *const c_char, mode: *const c_char) -> *mut FILE {
     // SAFETY: the caller's contract, passed on.
     unsafe { real::fopen(path, mode) }
@@ -190,9 +245,10 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
             let m = unsafe { std::ffi::CStr::from_ptr(mode) }.to_bytes();
             m.first() != Some(&b'r') || m.contains(&b'+')
         };
+        let uncache = writes || d.inode.is_back();
         match (guard::enter(), runtime()) {
-            (Some(_outer), Some(runtime)) if writes => runtime.set_uncached(d.inode.key),
-            (_, _) if writes => d.inode.mark_uncached(),
+            (Some(_outer), Some(runtime)) if uncache => runtime.set_uncached(d.inode.key),
+            (_, _) if uncache => d.inode.mark_uncached(),
             _ => {}
         }
         // glibc's stream uses the kernel's offset from now on: so does the table.
@@ -246,4 +302,15 @@ pub unsafe extern "C" fn fclose(stream: *mut FILE) -> c_int {
     }
     // SAFETY: passed on unchanged (a cookie stream closes through cookie_close).
     unsafe { real::fclose(stream) }
+}
+
+/// Flushes the streams made here (their buffered writes go through the hooks now), with
+/// glibc's `fflush(NULL)`: it walks the stream list under glibc's own lock, so a stream closed
+/// meanwhile by another thread is never touched.
+pub(crate) fn flush_streams() {
+    if COOKIE_COUNT.load(Ordering::Relaxed) == 0 {
+        return;
+    }
+    // SAFETY: fflush(NULL) takes no pointer of ours.
+    unsafe { real::fflush(std::ptr::null_mut()) };
 }

@@ -18,11 +18,16 @@
 //! remover that is itself nested (a signal handler closing an fd the interrupted code was
 //! reading) does not wait and leaks the old description instead of freeing it under a reader.
 //!
+//! In write-back mode dropping a description can be its inode's last reference, whose drop
+//! writes the file back: a nested remover never does that (it could be a signal handler
+//! interrupting a thread that holds the locks writeback takes), it leaks the description
+//! instead, whose data the next flush point (fork, exec, exit) writes back.
+//!
 //! dup'd fds share one `Description` (one file offset, as POSIX wants). The kernel fd stays
 //! real: every intercepted fd is a normal fd of the program, so `mmap`, `fstat`, `fchmod`,
 //! locks and everything not intercepted keep working on it.
 
-use crate::adapter::Inode;
+use crate::adapter::{Inode, SyncKind};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -43,9 +48,16 @@ pub(crate) struct Description {
     /// new program): the kernel's offset is then the one to use and move.
     pub(crate) shared: AtomicBool,
     pub(crate) readable: bool,
+    pub(crate) writable: bool,
+    /// `O_SYNC` (`All`) or `O_DSYNC` (`Data`): each write is synced before it returns.
+    pub(crate) sync_writes: Option<SyncKind>,
+    /// Write-back mode: this description's handle for syncs, which knows which writeback
+    /// errors it was told of (the kernel's errseq is per open file description).
+    pub(crate) sync: Mutex<Option<foliocache::Handle>>,
     /// The access-pattern advice (`posix_fadvise`) fresh readahead states start from.
     pub(crate) advice: AtomicI32,
-    /// Readahead states: (the inode's epoch they belong to, the handle).
+    /// Readahead states (and write-behind streams): (the inode's epoch they belong to, the
+    /// handle).
     pub(crate) handles: [Mutex<Option<(u64, foliocache::Handle)>>; HANDLE_SLOTS],
 }
 
@@ -72,12 +84,22 @@ impl Description {
 
     pub(crate) fn new(inode: Arc<Inode>, flags: i32) -> Self {
         let access = flags & libc::O_ACCMODE;
+        let sync_writes = if flags & libc::O_SYNC == libc::O_SYNC {
+            Some(SyncKind::All)
+        } else if flags & libc::O_DSYNC != 0 {
+            Some(SyncKind::Data)
+        } else {
+            None
+        };
         Self {
+            sync: Mutex::new(inode.sync_handle()),
             inode,
             offset: AtomicU64::new(0),
             append: AtomicBool::new(flags & libc::O_APPEND != 0),
             shared: AtomicBool::new(false),
             readable: access == libc::O_RDONLY || access == libc::O_RDWR,
+            writable: crate::adapter::writable(flags),
+            sync_writes,
             advice: AtomicI32::new(libc::POSIX_FADV_NORMAL),
             handles: Default::default(),
         }
@@ -153,15 +175,22 @@ pub(crate) fn get_arc(fd: i32) -> Option<Arc<Description>> {
 
 /// Makes `fd` served by `description` (replacing whatever it had: the kernel reused the number).
 /// An fd beyond the table cannot be served: its file becomes uncached (its writes would
-/// otherwise bypass the invalidation).
+/// otherwise bypass the invalidation). In write-back mode so does a file installed at fd 0, 1
+/// or 2: glibc's standard streams read and write those with libc-internal calls no hook sees
+/// (a program that `dup2`s a file onto stdout and `printf`s), so the kernel must have every
+/// byte and the cache must not be written.
 pub(crate) fn install(fd: i32, description: Arc<Description>, nested: bool) {
+    let uncache = |description: &Description| match crate::runtime() {
+        Some(runtime) if !nested => runtime.set_uncached(description.inode.key),
+        _ => description.inode.mark_uncached(),
+    };
     let Some(slot) = slot(fd) else {
-        match crate::runtime() {
-            Some(runtime) if !nested => runtime.set_uncached(description.inode.key),
-            _ => description.inode.mark_uncached(),
-        }
+        uncache(&description);
         return;
     };
+    if fd <= 2 && description.inode.is_back() {
+        uncache(&description);
+    }
     let old = slot
         .description
         .swap(Arc::into_raw(description).cast_mut(), Ordering::SeqCst);
@@ -187,10 +216,17 @@ fn retire(slot: &Slot, old: *mut Description, nested: bool) {
     if old.is_null() {
         return;
     }
-    if nested && slot.readers.load(Ordering::SeqCst) != 0 {
-        // A signal handler closing an fd its interrupted thread may be reading: waiting could
-        // deadlock, so the old description is leaked (never freed under a reader).
-        return;
+    if nested {
+        // SAFETY: `old` came from Arc::into_raw in `install` and is not dropped yet (this
+        // function owns the slot's reference to it).
+        let back = unsafe { &*old }.inode.is_back();
+        if back || slot.readers.load(Ordering::SeqCst) != 0 {
+            // A signal handler closing an fd its interrupted thread may be reading: waiting
+            // could deadlock, so the old description is leaked (never freed under a reader).
+            // In write-back mode its drop could write the file back, which takes locks the
+            // interrupted thread may hold: leaked too (see the module doc).
+            return;
+        }
     }
     let mut spins = 0u32;
     while slot.readers.load(Ordering::SeqCst) != 0 {

@@ -1,145 +1,16 @@
-//! Real programs on the preload library: each runs with and without it on the same data, and
-//! the outputs must be identical. `FOLIOCACHE_STATS` proves the cache was really used (a test
-//! cannot pass with the library silently inactive).
+//! Real programs on the preload library: each runs without it and with it in both write modes
+//! (`FOLIOCACHE_WRITES=through` and `back`) on the same data, and the outputs must be
+//! identical. `FOLIOCACHE_STATS` proves the cache was really used, and that the writes went
+//! where the mode sends them (a test cannot pass with the library silently inactive).
 //!
 //! The programs come from Debian packages (`.ci/run` installs them). A missing one fails its
 //! test, unless `FOLIOCACHE_ALLOW_SKIP=1` (then the test says it skipped).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+mod common;
 
-/// The preload library, built once (release) into this checkout's target directory.
-fn preload_lib() -> &'static Path {
-    static LIB: OnceLock<PathBuf> = OnceLock::new();
-    LIB.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable");
-        // target/<profile>/deps/<test> → target
-        let target = exe
-            .ancestors()
-            .nth(3)
-            .expect("target directory")
-            .to_path_buf();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "--release",
-                "-p",
-                "foliocache-preload",
-                "--target-dir",
-            ])
-            .arg(&target)
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "cargo build -p foliocache-preload failed");
-        let lib = target.join("release/libfoliocache_preload.so");
-        assert!(lib.is_file(), "{} missing", lib.display());
-        lib
-    })
-}
-
-/// A fresh directory on the checkout's file system (real direct I/O; the system temporary
-/// directory may be tmpfs).
-fn work_dir(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe
-        .ancestors()
-        .nth(3)
-        .unwrap()
-        .join("preload-tests")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::canonicalize(dir).unwrap()
-}
-
-/// Whether `program` runs; if not, the test fails (or skips with FOLIOCACHE_ALLOW_SKIP=1).
-fn have(program: &str) -> bool {
-    let found = Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        if std::env::var("FOLIOCACHE_ALLOW_SKIP").as_deref() == Ok("1") {
-            eprintln!("SKIPPED: {program} is not installed (FOLIOCACHE_ALLOW_SKIP=1)");
-        } else {
-            panic!(
-                "{program} is not installed: `apt-get install` it (see .ci/run), or set \
-                 FOLIOCACHE_ALLOW_SKIP=1 to skip"
-            );
-        }
-    }
-    found
-}
-
-/// The counters every process that used the cache appended to `path`, summed.
-#[derive(Debug, Default)]
-struct Stats {
-    processes: u64,
-    files: u64,
-    reads: u64,
-    hits: u64,
-    bytes_from_cache: u64,
-    writes: u64,
-}
-
-fn stats(path: &Path) -> Stats {
-    let mut sum = Stats::default();
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    for line in text.lines() {
-        let value: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
-        let get = |key: &str| {
-            value[key]
-                .as_u64()
-                .unwrap_or_else(|| panic!("{key} in {line}"))
-        };
-        sum.processes += 1;
-        sum.files += get("files");
-        sum.reads += get("reads");
-        sum.hits += get("hits");
-        sum.bytes_from_cache += get("bytes_from_cache");
-        sum.writes += get("writes");
-    }
-    sum
-}
-
-/// Runs `program args` in `dir`, with the library serving `dir` when `cached` (counters to
-/// `stats`).
-fn run(dir: &Path, cached: Option<&Path>, program: &str, args: &[&str]) -> Output {
-    let mut command = Command::new(program);
-    command.args(args).current_dir(dir);
-    if let Some(stats) = cached {
-        command
-            .env("LD_PRELOAD", preload_lib())
-            .env("FOLIOCACHE_PATHS", dir)
-            .env("FOLIOCACHE_STATS", stats);
-    }
-    let out = command.output().expect("run program");
-    assert!(
-        out.status.success(),
-        "{program} {args:?} (cached: {}) failed: {}",
-        cached.is_some(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn write_pattern(path: &Path, size: usize, seed: u64) {
-    let mut x = seed | 1;
-    let data: Vec<u8> = (0..size)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    std::fs::write(path, data).unwrap();
-}
+use common::{With, Writes, have, preload_lib, run, stats, work_dir, write_pattern};
+use std::path::Path;
+use std::process::Command;
 
 #[test]
 fn sha256sum_and_cat_match_without_the_library() {
@@ -153,23 +24,29 @@ fn sha256sum_and_cat_match_without_the_library() {
         write_pattern(&dir.join(name), *size, *size as u64 + 7);
     }
     let args: Vec<&str> = names.iter().map(String::as_str).collect();
-    let stats_path = dir.join("stats.jsonl");
-    for program in ["sha256sum", "cat"] {
-        let plain = run(&dir, None, program, &args);
-        let cached = run(&dir, Some(&stats_path), program, &args);
-        assert!(
-            plain.stdout == cached.stdout,
-            "{program}: output differs with the library"
-        );
-        assert!(!plain.stdout.is_empty() || program == "cat");
+    for writes in Writes::BOTH {
+        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+        let with = With::Library {
+            writes,
+            stats: &stats_path,
+        };
+        for program in ["sha256sum", "cat"] {
+            let plain = run(&dir, With::Kernel, program, &args);
+            let cached = run(&dir, with, program, &args);
+            assert!(
+                plain.stdout == cached.stdout,
+                "{program} ({writes:?}): output differs with the library"
+            );
+            assert!(!plain.stdout.is_empty() || program == "cat");
+        }
+        let stats = stats(&stats_path);
+        assert_eq!(stats.processes, 2, "{stats:?}");
+        assert!(stats.files >= 10, "{stats:?}");
+        assert!(stats.hits > 0, "the cache served no read: {stats:?}");
+        // cat and sha256sum each read every byte through the cache.
+        let total: u64 = sizes.iter().map(|s| *s as u64).sum();
+        assert_eq!(stats.bytes_from_cache, 2 * total, "{stats:?}");
     }
-    let stats = stats(&stats_path);
-    assert_eq!(stats.processes, 2, "{stats:?}");
-    assert!(stats.files >= 10, "{stats:?}");
-    assert!(stats.hits > 0, "the cache served no read: {stats:?}");
-    // cat and sha256sum each read every byte through the cache.
-    let total: u64 = sizes.iter().map(|s| *s as u64).sum();
-    assert_eq!(stats.bytes_from_cache, 2 * total, "{stats:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -229,19 +106,25 @@ fn python_seeks_pread_threads_and_writes_match() {
     let dir = work_dir("python");
     write_pattern(&dir.join("data"), 3 * (1 << 20) + 4321, 99);
     std::fs::write(dir.join("script.py"), PYTHON).unwrap();
-    let stats_path = dir.join("stats.jsonl");
-    let plain = run(&dir, None, "python3", &["script.py", "data"]);
-    let cached = run(&dir, Some(&stats_path), "python3", &["script.py", "data"]);
-    let text = String::from_utf8_lossy(&cached.stdout);
-    assert!(text.contains("threads ok"), "{text}");
-    assert_eq!(
-        String::from_utf8_lossy(&plain.stdout),
-        text,
-        "python's output differs with the library"
-    );
-    let stats = stats(&stats_path);
-    assert!(stats.hits > 0, "the cache served no read: {stats:?}");
-    assert!(stats.writes > 0, "{stats:?}");
+    let plain = run(&dir, With::Kernel, "python3", &["script.py", "data"]);
+    for writes in Writes::BOTH {
+        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+        let with = With::Library {
+            writes,
+            stats: &stats_path,
+        };
+        let cached = run(&dir, with, "python3", &["script.py", "data"]);
+        let text = String::from_utf8_lossy(&cached.stdout);
+        assert!(text.contains("threads ok"), "{text}");
+        assert_eq!(
+            String::from_utf8_lossy(&plain.stdout),
+            text,
+            "python's output differs with the library ({writes:?})"
+        );
+        let stats = stats(&stats_path);
+        assert!(stats.hits > 0, "the cache served no read: {stats:?}");
+        stats.assert_writes_went(writes);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -272,33 +155,41 @@ fn sqlite_fills_indexes_queries_and_checks_the_same() {
         return;
     }
     let dir = work_dir("sqlite");
-    let (plain_dir, cached_dir) = (dir.join("plain"), dir.join("cached"));
+    let plain_dir = dir.join("plain");
     std::fs::create_dir_all(&plain_dir).unwrap();
-    std::fs::create_dir_all(&cached_dir).unwrap();
-    let stats_path = dir.join("stats.jsonl");
+    let mut plain_out = Vec::new();
     for sql in [SQL_FILL, SQL_QUERY] {
-        let plain = run(&plain_dir, None, "sqlite3", &["db.sqlite", sql]);
-        let cached = run(
-            &cached_dir,
-            Some(&stats_path),
-            "sqlite3",
-            &["db.sqlite", sql],
-        );
-        let text = String::from_utf8_lossy(&cached.stdout);
-        assert!(text.trim_end().ends_with("ok"), "integrity_check: {text}");
-        assert_eq!(
-            String::from_utf8_lossy(&plain.stdout),
-            text,
-            "sqlite's output differs with the library"
-        );
+        plain_out.push(run(&plain_dir, With::Kernel, "sqlite3", &["db.sqlite", sql]).stdout);
     }
-    // The databases themselves are the same bytes.
-    let a = std::fs::read(plain_dir.join("db.sqlite")).unwrap();
-    let b = std::fs::read(cached_dir.join("db.sqlite")).unwrap();
-    assert!(a == b, "the database files differ");
-    let stats = stats(&stats_path);
-    assert!(stats.hits > 0, "the cache served no read: {stats:?}");
-    assert!(stats.writes > 0, "{stats:?}");
+    for writes in Writes::BOTH {
+        let cached_dir = dir.join(writes.as_str());
+        std::fs::create_dir_all(&cached_dir).unwrap();
+        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+        let with = With::Library {
+            writes,
+            stats: &stats_path,
+        };
+        for (sql, plain) in [SQL_FILL, SQL_QUERY].into_iter().zip(&plain_out) {
+            let cached = run(&cached_dir, with, "sqlite3", &["db.sqlite", sql]);
+            let text = String::from_utf8_lossy(&cached.stdout);
+            assert!(text.trim_end().ends_with("ok"), "integrity_check: {text}");
+            assert_eq!(
+                String::from_utf8_lossy(plain),
+                text,
+                "sqlite's output differs with the library ({writes:?})"
+            );
+        }
+        // The databases themselves are the same bytes.
+        let a = std::fs::read(plain_dir.join("db.sqlite")).unwrap();
+        let b = std::fs::read(cached_dir.join("db.sqlite")).unwrap();
+        assert!(a == b, "the database files differ ({writes:?})");
+        let stats = stats(&stats_path);
+        assert!(stats.hits > 0, "the cache served no read: {stats:?}");
+        stats.assert_writes_went(writes);
+        if writes == Writes::Back {
+            assert!(stats.syncs > 0, "sqlite's fsyncs: {stats:?}");
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -308,7 +199,6 @@ fn fio_writes_then_verifies_crc32c() {
         return;
     }
     let dir = work_dir("fio");
-    let stats_path = dir.join("stats.jsonl");
     let dir_arg = format!("--directory={}", dir.display());
     let common = [
         "--name=verify",
@@ -320,22 +210,33 @@ fn fio_writes_then_verifies_crc32c() {
         "--randrepeat=1",
         dir_arg.as_str(),
     ];
-    for rw in ["--rw=write", "--rw=randwrite"] {
-        let mut args = common.to_vec();
-        args.extend([rw, "--bs=4k", "--do_verify=1"]);
-        let out = run(&dir, Some(&stats_path), "fio", &args);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("err= 0"), "{text}");
-        // Verify again in another process: reads only, 16 KiB blocks.
-        let mut args = common.to_vec();
-        args.extend([rw, "--bs=4k", "--verify_only=1"]);
-        let out = run(&dir, Some(&stats_path), "fio", &args);
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains("err= 0"), "{text}");
+    for writes in Writes::BOTH {
+        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+        let with = With::Library {
+            writes,
+            stats: &stats_path,
+        };
+        for rw in ["--rw=write", "--rw=randwrite"] {
+            let mut args = common.to_vec();
+            args.extend([rw, "--bs=4k", "--do_verify=1"]);
+            let out = run(&dir, with, "fio", &args);
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("err= 0"), "{text}");
+            // Verify again in other processes, reads only: with the library, and without it
+            // (what is on storage).
+            let mut args = common.to_vec();
+            args.extend([rw, "--bs=4k", "--verify_only=1"]);
+            for again in [with, With::Kernel] {
+                let out = run(&dir, again, "fio", &args);
+                let text = String::from_utf8_lossy(&out.stdout);
+                assert!(text.contains("err= 0"), "{again:?}: {text}");
+            }
+        }
+        let stats = stats(&stats_path);
+        assert!(stats.reads > 0, "{stats:?}");
+        assert!(stats.hits > 0, "the cache served no read hit: {stats:?}");
+        stats.assert_writes_went(writes);
     }
-    let stats = stats(&stats_path);
-    assert!(stats.reads > 0 && stats.writes > 0, "{stats:?}");
-    assert!(stats.hits > 0, "the cache served no read hit: {stats:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -347,10 +248,11 @@ fn a_bad_setting_prints_one_line_and_runs_uncached() {
     let dir = work_dir("bad-setting");
     write_pattern(&dir.join("data"), 100_000, 5);
     let stats_path = dir.join("stats.jsonl");
-    let plain = run(&dir, None, "sha256sum", &["data"]);
+    let plain = run(&dir, With::Kernel, "sha256sum", &["data"]);
     for (key, value) in [
         ("FOLIOCACHE_CAPACITY_MB", "lots"),
         ("FOLIOCACHE_RA_KB", "-3"),
+        ("FOLIOCACHE_WRITES", "bogus"),
     ] {
         let out = Command::new("sha256sum")
             .arg("data")
@@ -389,14 +291,20 @@ fn files_without_direct_io_pass_through() {
     std::fs::create_dir_all(&dir).unwrap();
     write_pattern(&dir.join("data"), 200_000, 11);
     let stats_path = work_dir("tmpfs").join("stats.jsonl");
-    let plain = run(&dir, None, "sha256sum", &["data"]);
-    let cached = run(&dir, Some(&stats_path), "sha256sum", &["data"]);
-    assert_eq!(plain.stdout, cached.stdout);
-    assert!(
-        cached.stderr.is_empty(),
-        "{}",
-        String::from_utf8_lossy(&cached.stderr)
-    );
+    let plain = run(&dir, With::Kernel, "sha256sum", &["data"]);
+    for writes in Writes::BOTH {
+        let with = With::Library {
+            writes,
+            stats: &stats_path,
+        };
+        let cached = run(&dir, with, "sha256sum", &["data"]);
+        assert_eq!(plain.stdout, cached.stdout);
+        assert!(
+            cached.stderr.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&cached.stderr)
+        );
+    }
     assert_eq!(stats(&stats_path).files, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

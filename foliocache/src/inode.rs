@@ -123,6 +123,11 @@ impl Inode {
         let Some(disk) = self.disk() else {
             return Ok(unchanged(self.mapping.size()));
         };
+        // Serialised with this file's own changes, writeback passes included: a pass that
+        // writes the last page extends the file on storage to a block boundary until it sets
+        // the size back, and that size must not be taken for another program's change.
+        let _changing = self.lock_changes();
+        let _no_pass = disk.wb.pass_lock();
         let now = disk.backend.stamp().map_err(|source| Error::Io {
             offset: 0,
             len: 0,
@@ -131,8 +136,6 @@ impl Inode {
         let Some(now) = now else {
             return Ok(unchanged(self.mapping.size()));
         };
-        // Serialised with this file's own changes.
-        let _changing = self.lock_changes();
         let mut last = disk.stamp.lock().unwrap_or_else(PoisonError::into_inner);
         if *last == Some(now) {
             return Ok(unchanged(self.mapping.size()));

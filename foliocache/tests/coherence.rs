@@ -256,3 +256,31 @@ fn the_caches_own_writeback_and_truncation_are_not_taken_for_another_programs_ch
     assert_eq!(again.size(), 70_000);
     assert!(read_whole(&again) == content(4, 70_000));
 }
+
+#[test]
+fn a_revalidation_during_writeback_keeps_the_files_size() {
+    // Appends written back in the background while the file is revalidated: a writeback pass
+    // leaves the file longer on storage (to a block boundary) until it sets the size back, and
+    // a revalidation must not take that size for another program's change.
+    let path = path("coherence-revalidate-writeback");
+    std::fs::write(&path, b"").unwrap();
+    let cache = Cache::builder().capacity(16 << 20).build().unwrap();
+    let Some(_probe) = open(&cache, &path) else {
+        return;
+    };
+    let file = cache
+        .open_with(&path, OpenOptions::new().write(true))
+        .unwrap();
+    let mut handle = file.handle();
+    let mut size = 0u64;
+    for step in 0..2000 {
+        handle.write_at(&[b'r'; 100], size).unwrap();
+        size += 100;
+        file.drop_cached(0, 0); // starts writeback of the dirty data (the flusher writes)
+        file.revalidate().unwrap();
+        assert_eq!(file.size(), size, "step {step}");
+    }
+    handle.sync_all().unwrap();
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    std::fs::remove_file(&path).unwrap();
+}
