@@ -448,7 +448,7 @@ impl Backend for DirectFile {
         self.engine.submit(&self.fd, transfers, self.io);
     }
 
-    /// Small reads (up to [`READ_NOW_BYTES`] in all) are done in the calling thread with
+    /// Small reads (up to `READ_NOW_BYTES`, 128 KiB, in all) are done in the calling thread with
     /// `preadv`: a reader that missed waits for them anyway, and on this machine the hand-off
     /// to the engine's completion thread and back cost about as much as a random 4 KiB read
     /// itself. Larger batches go to the engine, which keeps them in flight together.
