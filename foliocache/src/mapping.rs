@@ -845,7 +845,7 @@ impl Mapping {
 
     /// The first page of the first folio carrying `mark` that covers a page in
     /// `first..=last`.
-    pub fn next_marked(&self, first: u64, last: u64, mark: Mark) -> Option<u64> {
+    pub(crate) fn next_marked(&self, first: u64, last: u64, mark: Mark) -> Option<u64> {
         self.lock()
             .next_marked(first, last, mark)
             .map(|(index, _)| index)

@@ -242,21 +242,25 @@ pub(crate) fn write_back(
     };
     let _one_pass = disk.wb.pass_lock();
     if inode.mapping.dirty_pages() == 0 {
+        // Nothing to write (a truncation may have dropped what was dirty): the file leaves
+        // the flusher's list as a pass that wrote would have it.
+        disk.wb
+            .clear_dirtied_if(|| inode.mapping.dirty_pages() == 0);
         return Ok(Outcome::default());
     }
     // The writes change the file's times on storage: the cache's own change.
-    inode.own_change(|| pass(inode, direct, first, last, mode))
+    inode.own_change(|| pass(inode, disk, direct, first, last, mode))
 }
 
 /// [`write_back`]'s pass, under the pass lock.
 fn pass(
     inode: &Arc<Inode>,
+    disk: &crate::inode::DiskSource,
     direct: &crate::io::DirectFile,
     first: u64,
     last: u64,
     mode: SyncMode,
 ) -> Result<Outcome, Error> {
-    let disk = inode.disk().expect("a file from storage");
     let mapping = &inode.mapping;
     let (mark, budget) = match mode {
         SyncMode::All => {
