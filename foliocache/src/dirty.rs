@@ -240,9 +240,9 @@ impl Dirty {
         let shared = Arc::clone(&self.shared);
         let pages = Arc::clone(&self.pages);
         let (settings, background) = (self.settings, self.background);
-        let spawned = std::thread::Builder::new()
-            .name("foliocache-flush".to_owned())
-            .spawn(move || flusher(&shared, &pages, settings, background));
+        let spawned = crate::mem::threads::spawn("foliocache-flush", move || {
+            flusher(&shared, &pages, settings, background);
+        });
         // Without a flusher, writers still write back when they wait at the limit and at sync
         // (`throttle` kicks nobody then, and waits with a timeout).
         *thread = spawned.ok();

@@ -34,10 +34,10 @@ impl Pool {
         for k in 0..THREADS {
             let receiver = Arc::clone(&receiver);
             let inject = Arc::clone(&inject);
-            let thread = std::thread::Builder::new()
-                .name(format!("foliocache-io-{k}"))
-                .spawn(move || worker(&receiver, &inject))
-                .map_err(Error::Engine)?;
+            let thread = crate::mem::threads::spawn(&format!("foliocache-io-{k}"), move || {
+                worker(&receiver, &inject);
+            })
+            .map_err(Error::Engine)?;
             threads.push(thread);
         }
         Ok(Self {

@@ -113,9 +113,8 @@ impl Uring {
             inject,
         });
         let for_thread = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name("foliocache-uring".to_owned())
-            .spawn(move || complete_loop(&for_thread))?;
+        let thread =
+            crate::mem::threads::spawn("foliocache-uring", move || complete_loop(&for_thread))?;
         Ok(Self {
             shared,
             thread: Some(thread),

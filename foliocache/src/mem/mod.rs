@@ -21,7 +21,8 @@ pub(crate) mod lru;
 pub(crate) mod optimistic;
 pub(crate) mod populate;
 pub(crate) mod refcount;
-mod wait;
+pub(crate) mod threads;
+pub(crate) mod wait;
 
 use crate::error::Error;
 use crate::inject::Inject;

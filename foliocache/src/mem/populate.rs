@@ -92,10 +92,7 @@ impl Populator {
         let mut thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner);
         if thread.is_none() {
             let shared = Arc::clone(&self.shared);
-            match std::thread::Builder::new()
-                .name("foliocache-populate".into())
-                .spawn(move || shared.run())
-            {
+            match super::threads::spawn("foliocache-populate", move || shared.run()) {
                 Ok(handle) => *thread = Some(handle),
                 // No thread: readers touch their pages themselves, as without a populator.
                 Err(_) => {
