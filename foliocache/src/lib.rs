@@ -47,6 +47,8 @@ mod dirty;
 mod error;
 mod fault;
 mod file;
+#[cfg(not(loom))]
+pub mod fork;
 mod index;
 mod inject;
 mod inode;

@@ -360,6 +360,47 @@ pub fn epoch() -> u64 {
     domain().epoch.load(Ordering::Relaxed)
 }
 
+/// The epoch's locks, held by a thread that is about to fork (see [`crate::fork`]).
+#[cfg(not(loom))]
+pub(crate) struct ForkHold {
+    me: Option<Arc<Participant>>,
+    garbage: crate::sync::MutexGuard<'static, Garbage>,
+    participants: crate::sync::MutexGuard<'static, Vec<Arc<Participant>>>,
+}
+
+/// Takes the epoch's locks (garbage, then participants: the order `try_advance` takes them in),
+/// so no other thread holds one when the process forks.
+#[cfg(not(loom))]
+pub(crate) fn hold_for_fork() -> ForkHold {
+    // Registers this thread first, if it never pinned (that takes the participants' lock).
+    let me = LOCAL.try_with(|l| Arc::clone(&l.participant)).ok();
+    let domain = domain();
+    let garbage = domain.garbage.lock();
+    let participants = domain.participants.lock();
+    ForkHold {
+        me,
+        garbage,
+        participants,
+    }
+}
+
+#[cfg(not(loom))]
+impl ForkHold {
+    /// In the child: only the forking thread came along. The other threads' participants (some
+    /// may have been pinned, which would hold every grace period back forever) are dropped,
+    /// and the deferred functions are forgotten: they free memory of caches the child must not
+    /// use (their threads did not come along either), whose locks a vanished thread may hold.
+    pub(crate) fn child(mut self) {
+        let me = self.me.take();
+        self.participants
+            .retain(|p| me.as_ref().is_some_and(|me| Arc::ptr_eq(p, me)));
+        let queue = std::mem::take(&mut self.garbage.queue);
+        self.garbage.since_advance = 0;
+        std::mem::forget(queue);
+        domain().pending.store(0, PlainOrdering::Relaxed);
+    }
+}
+
 /// For loom models of code that frees what readers use: stands for an object's memory and
 /// records reads and writes of it with loom's causality checker, which reports a read and a
 /// write not ordered by happens-before. It holds no data.

@@ -54,6 +54,17 @@ pub(crate) fn wait(key: usize, announce: impl Fn(), still_waiting: impl Fn() -> 
     }
 }
 
+/// Every queue's mutex, held by a thread that is about to fork (see [`crate::fork`]): the child
+/// then finds them all free. Taken in table order, one at a time, each held only briefly by
+/// anyone else.
+#[cfg(not(loom))]
+pub(crate) fn hold_for_fork() -> Vec<std::sync::MutexGuard<'static, ()>> {
+    TABLE
+        .iter()
+        .map(|queue| queue.lock.lock().unwrap_or_else(PoisonError::into_inner))
+        .collect()
+}
+
 /// Wakes every thread waiting on `key`'s queue.
 #[cfg(not(loom))]
 pub(crate) fn wake_all(key: usize) {
