@@ -50,6 +50,7 @@ compile_error!(
 );
 
 mod adapter;
+mod alloc;
 mod config;
 mod guard;
 #[cfg(not(test))]
@@ -298,13 +299,26 @@ extern "C" fn start() {
     }
 }
 
+/// Every Rust allocation of the library: its own allocator, never glibc's (see `alloc`: a hook
+/// run by a signal handler that interrupted the program's `malloc` must not need `malloc`).
+#[global_allocator]
+static ALLOCATOR: alloc::Allocator = alloc::Allocator;
+
 /// The constructor: run by the dynamic loader when the library is loaded.
 #[used]
 #[unsafe(link_section = ".init_array")]
 static START: extern "C" fn() = start;
 
-/// The registry locks a forking thread holds across the fork.
-type ForkLocks = (MutexGuard<'static, Registry>, MutexGuard<'static, BackMap>);
+/// What a forking thread holds across the fork: the registry locks, and its mark as inside a
+/// hook. Between `before_fork` and the handler after it, glibc holds its allocator's locks: a
+/// signal handler that interrupts the fork and reads a served file must take the raw path
+/// (the real call, no allocation, no lock of this library), not the cache.
+type ForkLocks = (
+    MutexGuard<'static, Registry>,
+    MutexGuard<'static, BackMap>,
+    Option<guard::Entered>,
+    Option<foliocache::fork::Prepared>,
+);
 
 thread_local! {
     /// The registry locks held across a fork by the forking thread.
@@ -314,23 +328,48 @@ thread_local! {
 extern "C" fn before_fork() {
     let Some(runtime) = runtime() else { return };
     // The child reads the files through the kernel: it must have every byte.
-    if let Some(_outer) = guard::enter() {
+    let entered = guard::enter();
+    if entered.is_some() {
         runtime.flush_all();
     }
     let registry = runtime.registry();
     let back = runtime.back_map();
     // The kernel fds' offsets: a child (or a program exec'd by it) reads them.
     table::sync_kernel_offsets();
-    let _ = FORK_LOCK.try_with(|slot| *slot.borrow_mut() = Some((registry, back)));
+    // Last: the locks every cache of the process shares (epochs, folio wait queues). Not when
+    // nested (a signal handler forking): the interrupted hook may hold one of them.
+    let shared = entered.as_ref().map(|_| foliocache::fork::prepare());
+    let _ = FORK_LOCK.try_with(|slot| *slot.borrow_mut() = Some((registry, back, entered, shared)));
+    // The very last: from here to the fork this thread allocates nothing but from the reserve.
+    alloc::lock_all();
 }
 
 extern "C" fn after_fork_parent() {
-    let _ = FORK_LOCK.try_with(|slot| slot.borrow_mut().take());
+    if runtime().is_none() {
+        return;
+    }
+    alloc::unlock_all();
+    let _ = FORK_LOCK.try_with(|slot| {
+        if let Some((registry, back, entered, shared)) = slot.borrow_mut().take() {
+            if let Some(shared) = shared {
+                shared.parent();
+            }
+            drop((registry, back, entered));
+        }
+    });
 }
 
 extern "C" fn after_fork_child() {
     let Some(runtime) = runtime() else { return };
-    let _ = FORK_LOCK.try_with(|slot| slot.borrow_mut().take());
+    alloc::unlock_all();
+    let _ = FORK_LOCK.try_with(|slot| {
+        if let Some((registry, back, entered, shared)) = slot.borrow_mut().take() {
+            if let Some(shared) = shared {
+                shared.child();
+            }
+            drop((registry, back, entered));
+        }
+    });
     let mut registry = runtime.registry();
     // The parent's cache and files belong to threads that did not come along: forget them
     // without running their destructors (which would wait for those threads).
