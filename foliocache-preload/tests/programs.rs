@@ -240,6 +240,90 @@ fn fio_writes_then_verifies_crc32c() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// What a db_bench run did, without its timings: each benchmark's name, operation count and
+/// `(N of M found)`.
+fn db_bench_outcome(stdout: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|line| line.split_whitespace().any(|word| word == "ops/sec"))
+        .map(|line| {
+            let name = line.split_whitespace().next().unwrap_or("");
+            let operations = line
+                .split(';')
+                .next()
+                .and_then(|head| head.split_whitespace().rev().nth(1))
+                .unwrap_or("");
+            let found = line.find('(').map_or("", |at| &line[at..]);
+            format!("{name} {operations} operations {found}")
+        })
+        .collect()
+}
+
+#[test]
+fn rocksdb_writes_compacts_reads_and_scans_the_same() {
+    if !have("db_bench") || !have("ldb") {
+        return;
+    }
+    let dir = work_dir("rocksdb");
+    // Small memtables and files: many flushes, SST files written, fsynced, compacted, deleted
+    // and read back while the benchmark runs.
+    let bench = [
+        "--db=db",
+        "--benchmarks=fillrandom,overwrite,readrandom,readseq",
+        "--num=20000",
+        "--reads=20000",
+        "--value_size=200",
+        "--compression_type=none",
+        "--seed=1",
+        "--threads=1",
+        "--write_buffer_size=262144",
+        "--target_file_size_base=524288",
+        "--max_bytes_for_level_base=1048576",
+        "--use_direct_reads=false",
+        "--histogram=0",
+    ];
+    let scan = ["--db=db", "scan", "--hex"];
+    let plain_dir = dir.join("plain");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    let plain = db_bench_outcome(&run(&plain_dir, With::Kernel, "db_bench", &bench).stdout);
+    assert_eq!(plain.len(), 4, "{plain:?}");
+    assert!(plain[2].ends_with("of 20000 found)"), "{plain:?}");
+    let plain_scan = run(&plain_dir, With::Kernel, "ldb", &scan).stdout;
+    assert!(plain_scan.len() > 1 << 20, "the scan printed too little");
+    for writes in Writes::BOTH {
+        let cached_dir = dir.join(writes.as_str());
+        std::fs::create_dir_all(&cached_dir).unwrap();
+        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+        let with = With::Library {
+            writes,
+            stats: &stats_path,
+        };
+        let cached = db_bench_outcome(&run(&cached_dir, with, "db_bench", &bench).stdout);
+        assert_eq!(
+            plain, cached,
+            "db_bench differs with the library ({writes:?})"
+        );
+        // The database it left is the same key-value content, read through the library and
+        // from storage without it, and RocksDB finds it consistent.
+        for again in [with, With::Kernel] {
+            let cached_scan = run(&cached_dir, again, "ldb", &scan).stdout;
+            assert!(
+                cached_scan == plain_scan,
+                "ldb scan differs ({writes:?}, read {again:?})"
+            );
+            let check = run(&cached_dir, again, "ldb", &["--db=db", "checkconsistency"]);
+            assert_eq!(String::from_utf8_lossy(&check.stdout).trim(), "OK");
+        }
+        let stats = stats(&stats_path);
+        assert!(stats.hits > 0, "the cache served no read: {stats:?}");
+        stats.assert_writes_went(writes);
+        if writes == Writes::Back {
+            assert!(stats.syncs > 0, "RocksDB's fsyncs: {stats:?}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_bad_setting_prints_one_line_and_runs_uncached() {
     if !have("sha256sum") {
