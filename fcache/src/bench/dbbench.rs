@@ -66,6 +66,23 @@ struct RunResult {
     ops: Vec<f64>,
     /// CPU seconds of each pass (the first includes starting and opening the database).
     cpu_s: Vec<f64>,
+    /// What each pass did, without its timings: operations and `(N of M found)`. It must be
+    /// the same through the kernel and through the library.
+    outcome: Vec<String>,
+}
+
+/// A result line's outcome: the benchmark, its operation count, and what it found.
+fn outcome(line: &str) -> String {
+    let name = line.split_whitespace().next().unwrap_or("");
+    let operations = line
+        .split(';')
+        .next()
+        .and_then(|head| head.split_whitespace().rev().nth(1))
+        .unwrap_or("");
+    let found = line.find('(').map_or("", |at| &line[at..]);
+    format!("{name}: {operations} operations {found}")
+        .trim_end()
+        .to_owned()
 }
 
 fn db_bench() -> Result<PathBuf, String> {
@@ -192,7 +209,16 @@ fn run_db_bench(
         cpu_s.push(at - before);
         before = at;
     }
-    Ok(RunResult { ops, cpu_s })
+    let outcome = out
+        .lines()
+        .filter(|line| is_result(line))
+        .map(outcome)
+        .collect();
+    Ok(RunResult {
+        ops,
+        cpu_s,
+        outcome,
+    })
 }
 
 /// Drops the database files' pages from the kernel's cache and returns how many stayed
@@ -290,9 +316,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             threads,
         }
     };
-    let reps = args
-        .reps
-        .map_or(if args.full { 5 } else { 3 }, |r| r as usize);
+    let reps = args.reps.map_or(5, |r| r as usize);
     let database = Database {
         dir: base.join(format!("fcache-dbbench-{}", std::process::id())),
     };
@@ -349,6 +373,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let mut resident_after_drop = 0u64;
     let mut counters = serde_json::Map::new();
     let mut plot_groups = Vec::new();
+    let mut outcomes = serde_json::Map::new();
     for workload in WORKLOADS {
         let mut run_args = common.clone();
         run_args.extend([
@@ -365,6 +390,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         // the idle guard counts its CPU time as ours once it is waited for).
         let mut busy = [[0usize; 2]; 2];
         let mut guard = IdleGuard::new();
+        // The outcome of the first run with 1 and 2 passes (system, outcome).
+        let mut expected: [Option<(&str, Vec<String>)>; 2] = [None, None];
         for rep in 0..reps {
             wait_for_idle(Duration::from_secs(3));
             for step in 0..SYSTEMS.len() {
@@ -392,6 +419,19 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                             "db_bench printed {} results for {passes} passes",
                             result.ops.len()
                         ));
+                    }
+                    // Every run of this workload, either system, must find the same.
+                    let first = &mut expected[passes - 1];
+                    match first {
+                        None => *first = Some((SYSTEMS[system], result.outcome.clone())),
+                        Some((who, what)) if *what != result.outcome => {
+                            return Err(format!(
+                                "db_bench's output differs: {what:?} through {who}, {:?} \
+                                 through {}",
+                                result.outcome, SYSTEMS[system]
+                            ));
+                        }
+                        Some(_) => {}
                     }
                     results.push(result);
                     bar.inc(1);
@@ -451,11 +491,18 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             groups.push((case, bars));
         }
         plot_groups.extend(groups);
+        if let [Some((_, one)), Some((_, two))] = &expected {
+            outcomes.insert(workload.into(), json!([one, two]));
+        }
     }
     bar.finish_and_clear();
     counters.insert(
         "kernel_pages_resident_after_drop".into(),
         json!(resident_after_drop),
+    );
+    counters.insert(
+        "db_bench_outcomes".into(),
+        serde_json::Value::Object(outcomes),
     );
     report.counters = serde_json::Value::Object(counters);
     report.plots.push(Plot {
@@ -479,7 +526,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     report.notes.push(format!(
         "Goals: readseq/cold foliocache/kernel ≥ 1.0× (measured {:.2}×); readrandom/warm ≥ 1.5× \
          (measured {:.2}×). db_bench is Debian's assertion build. Cold cpu_s is the whole \
-         process; warm cpu_s the second pass (from the first pass's result line, 10 ms ticks).",
+         process; warm cpu_s the second pass (from the first pass's result line, 10 ms ticks). \
+         Every run's outcome (operations, keys found) was the same through both systems.",
         goal(&report, "readseq/cold"),
         goal(&report, "readrandom/warm"),
     ));
@@ -518,4 +566,24 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         rows.push(row);
     }
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_result, outcome};
+
+    #[test]
+    fn an_outcome_keeps_what_was_done_and_drops_the_timings() {
+        let line = "readrandom   :       5.005 micros/op 397998 ops/sec 0.251 seconds 100000 \
+                    operations;  394.7 MB/s (50000 of 50000 found)";
+        assert!(is_result(line));
+        assert_eq!(
+            outcome(line),
+            "readrandom: 100000 operations (50000 of 50000 found)"
+        );
+        let line = "readseq      :       2.383 micros/op 838778 ops/sec 0.119 seconds 100000 \
+                    operations;  831.9 MB/s";
+        assert_eq!(outcome(line), "readseq: 100000 operations");
+        assert!(!is_result("Read rate: 0 ops/second"));
+    }
 }
