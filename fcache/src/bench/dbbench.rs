@@ -18,10 +18,10 @@
 //!   seconds of the db_bench process: for a cold case the whole run (`wait4`), starting and
 //!   opening the database included; for a warm case, from the first pass's result line
 //!   (`/proc/PID/stat`, 10 ms ticks; db_bench runs under `stdbuf -oL`) to the end.
-//! * Before each run, memory the size of the database is touched and freed (this VM hands idle
-//!   memory back to the host and a first touch afterwards is slow, `baselines.md` §8), for
-//!   both systems alike; systems alternate in order from one repetition to the next, after a
-//!   wait for an idle machine.
+//! * Before each run, memory the size of the database and 32 MiB more is touched in huge pages
+//!   and freed (this VM hands idle memory back to the host and a first touch afterwards is
+//!   slow, `baselines.md` §8; see `warm_guest_memory`), for both systems alike; systems
+//!   alternate in order from one repetition to the next, after a wait for an idle machine.
 
 use super::BenchArgs;
 use super::readseq::{data_dir, settle};
@@ -405,7 +405,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         rep + 1
                     ));
                     resident_after_drop += drop_kernel_cache(&db)?;
-                    drop(super::touched_buffer(db_bytes as usize));
+                    super::warm_guest_memory(db_bytes as usize + (32 << 20));
                     settle();
                     let mut this = run_args.clone();
                     this.push(format!("--benchmarks={}", vec![workload; passes].join(",")));
