@@ -6,8 +6,8 @@
 //! checked against the pattern. The cache is small (8 MiB for a 24 MiB file), so reads evict
 //! and miss all along.
 //!
-//! A hang is a failure: the run is killed after a generous deadline. Duration:
-//! `FOLIOCACHE_STRESS_SECS` (default 2).
+//! Both write modes. A hang is a failure: the run is killed after a generous deadline.
+//! Duration: `FOLIOCACHE_STRESS_SECS` in all (default 2).
 
 mod common;
 
@@ -32,51 +32,58 @@ fn forks_execs_and_signal_handlers_read_right_and_never_hang() {
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
         .unwrap_or(2);
-    let stats_path = dir.join("stats.jsonl");
-    let with = With::Library {
-        writes: Writes::Through,
-        stats: &stats_path,
-    };
-    let mut child = command(&dir, with, exe, &["stress", data, &secs.to_string()])
-        .env("FOLIOCACHE_CAPACITY_MB", "8")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(secs + 60);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            // The process group would be cleaner; the stress program's children are short.
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the program hung (killed after {} s)", secs + 60);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        status.success(),
-        "{status}: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.starts_with("ok: "), "{stdout}");
-    // The run did what it says: reads in signal handlers, and forks.
-    let count = |what: &str| -> u64 {
-        stdout
-            .split(',')
-            .find(|part| part.contains(what))
-            .and_then(|part| part.split_whitespace().find_map(|w| w.parse().ok()))
-            .unwrap_or(0)
-    };
-    assert!(count("in signal handlers") > 0, "{stdout}");
-    assert!(count("forks") > 0, "{stdout}");
-    // Parent, children and exec'd programs each used a cache of their own, and it missed.
-    let stats = stats(&stats_path);
-    assert!(stats.processes >= 3, "{stats:?}");
-    assert!(stats.hits > 0, "{stats:?}");
+    // Half the time in each write mode (write-back also writes back at every fork).
+    let each = secs.div_ceil(2);
+    for writes in Writes::BOTH {
+        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+        let with = With::Library {
+            writes,
+            stats: &stats_path,
+        };
+        let mut child = command(&dir, with, exe, &["stress", data, &each.to_string()])
+            .env("FOLIOCACHE_CAPACITY_MB", "8")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(each + 60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                // The process group would be cleaner; the stress program's children are short.
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{writes:?}: the program hung (killed after {} s)",
+                    each + 60
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            status.success(),
+            "{writes:?}, {status}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.starts_with("ok: "), "{stdout}");
+        // The run did what it says: reads in signal handlers, and forks.
+        let count = |what: &str| -> u64 {
+            stdout
+                .split(',')
+                .find(|part| part.contains(what))
+                .and_then(|part| part.split_whitespace().find_map(|w| w.parse().ok()))
+                .unwrap_or(0)
+        };
+        assert!(count("in signal handlers") > 0, "{stdout}");
+        assert!(count("forks") > 0, "{stdout}");
+        // Parent, children and exec'd programs each used a cache of their own, and it missed.
+        let stats = stats(&stats_path);
+        assert!(stats.processes >= 3, "{stats:?}");
+        assert!(stats.hits > 0, "{stats:?}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
