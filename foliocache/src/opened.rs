@@ -12,10 +12,17 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 /// The files a cache has open from storage, by device and inode number: opening a file that is
 /// already open gives the same [`File`](crate::File), so everyone who opens it shares one
 /// cache of it, as the kernel keeps one page cache per inode.
+///
+/// An entry keeps the file's inode too (weakly): while the last holder's drop writes the file
+/// back, the inode is still alive, and an open in that window shares it (a new [`Opened`] of
+/// the same inode) instead of reading storage behind the write back's back.
 #[derive(Debug, Default)]
 pub(crate) struct FileTable {
-    files: Mutex<HashMap<(u64, u64), Weak<Opened>>>,
+    files: Mutex<HashMap<(u64, u64), Entry>>,
 }
+
+/// A file table's entry: the shared file, and its inode (alive a little longer, see above).
+type Entry = (Weak<Opened>, Weak<Inode>);
 
 impl FileTable {
     /// The open file with this identity, or the one `open` makes (registered here). The table
@@ -26,21 +33,37 @@ impl FileTable {
         open: impl FnOnce() -> Result<Arc<Inode>, Error>,
     ) -> Result<(Arc<Opened>, bool), Error> {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(opened) = files.get(&key).and_then(Weak::upgrade) {
-            return Ok((opened, false));
-        }
+        let (inode, created) = match files.get(&key) {
+            Some((opened, inode)) => {
+                if let Some(opened) = opened.upgrade() {
+                    return Ok((opened, false));
+                }
+                // The last holder is letting go (writing back): share its inode.
+                match inode.upgrade() {
+                    Some(inode) => (inode, false),
+                    None => (open()?, true),
+                }
+            }
+            None => (open()?, true),
+        };
         let opened = Arc::new(Opened {
-            inode: open()?,
+            inode,
             table: Some((Arc::clone(self), key)),
         });
-        files.insert(key, Arc::downgrade(&opened));
-        Ok((opened, true))
+        files.insert(
+            key,
+            (Arc::downgrade(&opened), Arc::downgrade(&opened.inode)),
+        );
+        Ok((opened, created))
     }
 
     /// Forgets `key` if its file is gone (called as the file drops).
     fn forget(&self, key: (u64, u64)) {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        if files.get(&key).is_some_and(|weak| weak.strong_count() == 0) {
+        if files
+            .get(&key)
+            .is_some_and(|(opened, _)| opened.strong_count() == 0)
+        {
             files.remove(&key);
         }
     }

@@ -284,3 +284,77 @@ fn a_revalidation_during_writeback_keeps_the_files_size() {
     assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
     std::fs::remove_file(&path).unwrap();
 }
+
+#[test]
+fn an_open_while_the_last_holder_writes_back_shares_its_file() {
+    let path = path("coherence-close-open-race");
+    let len = 32 << 20;
+    let chunk = 1 << 20;
+    std::fs::write(&path, content(1, len)).unwrap();
+    // Room for the dirty data well below the flusher's background threshold: the drop has
+    // all of it to write back.
+    let cache = Cache::builder().capacity(1 << 30).build().unwrap();
+    let Some(probe) = open(&cache, &path) else {
+        return;
+    };
+    drop(probe);
+    let mut opened_during = 0;
+    for round in 0..4u8 {
+        let file = cache
+            .open_with(&path, OpenOptions::new().write(true))
+            .unwrap();
+        let id = foliocache::raw::mapping(&file).id();
+        // Unsynced writes in an order that starts no write-behind.
+        let want = content(2 + round, len);
+        let mut handle = file.handle();
+        for k in (0..len / chunk).rev() {
+            handle
+                .write_at(&want[k * chunk..(k + 1) * chunk], (k * chunk) as u64)
+                .unwrap();
+        }
+        drop(handle);
+        let dropping = std::sync::atomic::AtomicBool::new(false);
+        let dropped = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            // Holding nothing, waits for the last holder's drop to begin, then opens and reads
+            // the file while that drop writes back.
+            let reader = s.spawn(|| {
+                while !dropping.load(std::sync::atomic::Ordering::Acquire) {
+                    std::hint::spin_loop();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                let mut during = 0;
+                loop {
+                    let still = !dropped.load(std::sync::atomic::Ordering::Acquire);
+                    let again = cache.open(&path).unwrap();
+                    if still {
+                        // Opened while the drop wrote back: the same file, not a second copy
+                        // read from storage behind its back.
+                        assert_eq!(foliocache::raw::mapping(&again).id(), id, "round {round}");
+                        during += 1;
+                    }
+                    let mut handle = again.handle();
+                    for at in (0..len).step_by(len / 8) {
+                        let mut buf = vec![0u8; 65536];
+                        handle.read_at(&mut buf, at as u64).unwrap();
+                        assert!(
+                            buf == want[at..at + 65536],
+                            "round {round}: stale bytes at {at}"
+                        );
+                    }
+                    if !still {
+                        return during;
+                    }
+                }
+            });
+            dropping.store(true, std::sync::atomic::Ordering::Release);
+            drop(file);
+            dropped.store(true, std::sync::atomic::Ordering::Release);
+            opened_during += reader.join().unwrap();
+        });
+    }
+    // The window was hit (32 MiB take tens of milliseconds to write back), so the test can
+    // fail.
+    assert!(opened_during > 0, "no open landed during a write back");
+    std::fs::remove_file(&path).unwrap();
+}
