@@ -18,19 +18,21 @@
 //! * Larger blocks (or alignments above 4 KiB) are their own `mmap`, unmapped on free.
 //! * Each class has a spin lock (held for a few instructions; a waiter yields its CPU after a
 //!   while). A thread that enters the allocator while it is already inside it (a signal
-//!   handler that interrupted it) must not wait for itself: it takes its block from the
-//!   *reserve*, a separate 4 MiB region handed out by a lock-free atomic bump and never reused
-//!   (such nested allocations are rare and small). Freeing a reserve block does nothing; a
-//!   nested free of a class block leaks it.
-//! * fork: [`lock_all`] (the last prepare handler step) holds every class lock across the fork
-//!   and marks the thread as inside the allocator; [`unlock_all`] (the first step after it, in
-//!   parent and child) releases them. A child never inherits a lock held by a thread that did
-//!   not come along.
+//!   handler that interrupted it) must not wait for itself: it only *tries* the class's lock
+//!   (free, the interrupted frame is not using that class), and otherwise takes its block from
+//!   the *reserve*, a separate 4 MiB region handed out by a lock-free atomic bump and never
+//!   reused. Freeing a reserve block does nothing; a nested free that finds its class's lock
+//!   taken leaks the block.
+//! * fork: nothing is held across it (a thread that holds nothing of ours but is inside glibc's
+//!   `malloc` may be interrupted by a handler that allocates here, while the forking thread
+//!   waits for that `malloc` to finish). Instead the child starts the classes afresh
+//!   ([`reset_in_child`]): a class lock a vanished thread held, or a list it was changing, is
+//!   dropped with the parent's free lists (their memory stays valid and is simply not reused).
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::Cell;
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering, compiler_fence};
 
 const PAGE: usize = 4096;
 /// The smallest class (a free block holds the next pointer).
@@ -233,14 +235,25 @@ fn class_free(k: usize, p: *mut u8) {
     class.free.store(p, Ordering::Relaxed);
 }
 
-/// Runs `f` marked as inside the allocator, or returns `None` if this thread already is.
-fn outer<T>(f: impl FnOnce() -> T) -> Option<T> {
+/// Runs `f` marked as inside the allocator; `nested` instead if this thread already is (a
+/// signal handler interrupted it).
+fn outer<T>(f: impl FnOnce() -> T, nested: impl FnOnce() -> T) -> T {
     if INSIDE.with(|inside| inside.replace(true)) {
-        return None;
+        return nested();
     }
+    // The mark must be in place before the lock is taken, for a handler on this thread: a
+    // compiler fence orders the two for it (a handler runs on this very thread).
+    compiler_fence(Ordering::SeqCst);
     let result = f();
+    compiler_fence(Ordering::SeqCst);
     INSIDE.with(|inside| inside.set(false));
-    Some(result)
+    result
+}
+
+/// Takes a class's lock if it is free, without waiting.
+fn try_lock(lock: &AtomicBool) -> bool {
+    lock.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_ok()
 }
 
 // SAFETY: `alloc` returns null or a block of at least `layout.size()` bytes aligned to
@@ -253,13 +266,24 @@ unsafe impl GlobalAlloc for Allocator {
             Route::Map => return map_aligned(layout.size(), layout.align()),
             Route::Class(k) => k,
         };
-        outer(|| {
-            spin_lock(&CLASS[k].lock);
-            let p = class_alloc(k);
-            unlock(&CLASS[k].lock);
-            p
-        })
-        .unwrap_or_else(|| from_reserve(layout))
+        outer(
+            || {
+                spin_lock(&CLASS[k].lock);
+                let p = class_alloc(k);
+                unlock(&CLASS[k].lock);
+                p
+            },
+            || {
+                // Nested: the class is free to use only if its lock is.
+                if try_lock(&CLASS[k].lock) {
+                    let p = class_alloc(k);
+                    unlock(&CLASS[k].lock);
+                    p
+                } else {
+                    from_reserve(layout)
+                }
+            },
+        )
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
@@ -284,44 +308,34 @@ unsafe impl GlobalAlloc for Allocator {
             Route::Map => return unmap(p, layout.size().next_multiple_of(PAGE)),
             Route::Class(k) => k,
         };
-        let freed = outer(|| {
-            spin_lock(&CLASS[k].lock);
-            class_free(k, p);
-            unlock(&CLASS[k].lock);
-        });
-        // Nested (a signal handler freeing while its thread was inside the allocator): the
-        // block is leaked rather than waiting for a lock this thread may hold.
-        let _ = freed;
+        outer(
+            || {
+                spin_lock(&CLASS[k].lock);
+                class_free(k, p);
+                unlock(&CLASS[k].lock);
+            },
+            || {
+                // Nested, the class's lock taken (maybe by this thread's interrupted frame):
+                // the block is leaked rather than waiting.
+                if try_lock(&CLASS[k].lock) {
+                    class_free(k, p);
+                    unlock(&CLASS[k].lock);
+                }
+            },
+        );
     }
 }
 
-thread_local! {
-    /// Whether this thread holds the class locks for a fork.
-    static HELD_FOR_FORK: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Before a fork: holds every class lock and marks this thread as inside the allocator (its own
-/// nested allocations, from a signal handler, use the reserve). Not when the thread is inside
-/// the allocator already (a signal handler forking): it may hold one of the locks itself.
-pub(crate) fn lock_all() {
-    if INSIDE.with(|inside| inside.replace(true)) {
-        return;
-    }
+/// In a forked child, first thing: forgets every class's lock, free list and chunk (a thread
+/// that did not come along may have held a lock or been changing a list). The parent's blocks
+/// stay valid memory: those the child frees go to the new lists, the rest are not reused.
+pub(crate) fn reset_in_child() {
     for class in &CLASS {
-        spin_lock(&class.lock);
+        class.free.store(null_mut(), Ordering::Relaxed);
+        class.next.store(0, Ordering::Relaxed);
+        class.end.store(0, Ordering::Relaxed);
+        class.lock.store(false, Ordering::Release);
     }
-    HELD_FOR_FORK.with(|held| held.set(true));
-}
-
-/// After a fork, in parent and child: releases what [`lock_all`] took.
-pub(crate) fn unlock_all() {
-    if !HELD_FOR_FORK.with(|held| held.replace(false)) {
-        return;
-    }
-    for class in CLASS.iter().rev() {
-        unlock(&class.lock);
-    }
-    INSIDE.with(|inside| inside.set(false));
 }
 
 #[cfg(test)]
@@ -372,12 +386,20 @@ mod tests {
     #[test]
     fn a_nested_allocation_comes_from_the_reserve() {
         let a = Allocator;
-        let nested = outer(|| {
-            // Inside: as a signal handler interrupting the allocator would be.
-            check(&a, 100, 16, 7)
-        })
-        .unwrap();
+        // Inside, with the class's lock taken: as a signal handler that interrupted the
+        // allocator in that class would be.
+        let Route::Class(k) = route(Layout::from_size_align(100, 16).unwrap()) else {
+            unreachable!()
+        };
+        spin_lock(&CLASS[k].lock);
+        let nested = outer(|| check(&a, 100, 16, 7), || unreachable!());
+        unlock(&CLASS[k].lock);
         assert!(in_reserve(nested.0));
+        // Nested with the class's lock free: a class block.
+        let (q, layout) = outer(|| check(&a, 100, 16, 9), || unreachable!());
+        assert!(!in_reserve(q));
+        // SAFETY: allocated above.
+        unsafe { a.dealloc(q, layout) };
         // SAFETY: allocated above; freeing a reserve block is a no-op.
         unsafe { a.dealloc(nested.0, nested.1) };
         let (p, layout) = check(&a, 100, 16, 8);

@@ -7,6 +7,7 @@
 //! real libc call, at the offset the fd table keeps). [`enter`] tells which case it is.
 
 use std::cell::Cell;
+use std::sync::atomic::{Ordering, compiler_fence};
 
 thread_local! {
     // A const-initialised Cell without a destructor: no allocation, no registration, safe to
@@ -20,6 +21,8 @@ pub(crate) struct Entered(());
 
 impl Drop for Entered {
     fn drop(&mut self) {
+        // Everything the hook did comes before the mark goes, for a handler on this thread.
+        compiler_fence(Ordering::SeqCst);
         let _ = INSIDE.try_with(|inside| inside.set(false));
     }
 }
@@ -27,7 +30,7 @@ impl Drop for Entered {
 /// Marks this thread as inside a hook, or `None` if it already was (a nested call: the library
 /// itself, or a signal handler that interrupted a hook).
 pub(crate) fn enter() -> Option<Entered> {
-    INSIDE
+    let entered = INSIDE
         .try_with(|inside| {
             if inside.replace(true) {
                 None
@@ -36,5 +39,9 @@ pub(crate) fn enter() -> Option<Entered> {
             }
         })
         .ok()
-        .flatten()
+        .flatten();
+    // The mark is in place before anything the hook does (a lock it takes, say), for a
+    // handler on this thread: only the compiler could reorder them.
+    compiler_fence(Ordering::SeqCst);
+    entered
 }

@@ -340,15 +340,9 @@ extern "C" fn before_fork() {
     // nested (a signal handler forking): the interrupted hook may hold one of them.
     let shared = entered.as_ref().map(|_| foliocache::fork::prepare());
     let _ = FORK_LOCK.try_with(|slot| *slot.borrow_mut() = Some((registry, back, entered, shared)));
-    // The very last: from here to the fork this thread allocates nothing but from the reserve.
-    alloc::lock_all();
 }
 
 extern "C" fn after_fork_parent() {
-    if runtime().is_none() {
-        return;
-    }
-    alloc::unlock_all();
     let _ = FORK_LOCK.try_with(|slot| {
         if let Some((registry, back, entered, shared)) = slot.borrow_mut().take() {
             if let Some(shared) = shared {
@@ -361,7 +355,8 @@ extern "C" fn after_fork_parent() {
 
 extern "C" fn after_fork_child() {
     let Some(runtime) = runtime() else { return };
-    alloc::unlock_all();
+    // First: the allocator's state may be mid-change by a thread that did not come along.
+    alloc::reset_in_child();
     let _ = FORK_LOCK.try_with(|slot| {
         if let Some((registry, back, entered, shared)) = slot.borrow_mut().take() {
             if let Some(shared) = shared {

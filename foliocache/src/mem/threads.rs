@@ -1,5 +1,5 @@
 //! The cache's own threads (I/O completions, the I/O workers, the populator, the flusher) are
-//! started with every signal blocked.
+//! started with every signal blocked, but those the thread's own faults raise.
 //!
 //! A signal sent to the process goes to any one thread that does not block it. Were it one of
 //! these, the program's handler would run on a thread the program does not know, in the middle
@@ -25,6 +25,19 @@ where
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `all` is a valid, writable sigset_t.
     unsafe { libc::sigfillset(&mut all) };
+    // Signals a fault of the thread itself raises stay deliverable: blocked, the kernel would
+    // kill the process without running the program's handler (or Rust's stack-overflow one).
+    for fault in [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGTRAP,
+        libc::SIGSYS,
+    ] {
+        // SAFETY: `all` is a valid sigset_t and `fault` a valid signal number.
+        unsafe { libc::sigdelset(&mut all, fault) };
+    }
     // SAFETY: both pointers are to valid sigset_t values of this frame; this changes only the
     // calling thread's mask, restored below.
     let blocked = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) } == 0;
@@ -56,6 +69,8 @@ mod tests {
         let term = 1u64 << (libc::SIGTERM - 1);
         assert_eq!(before & alarm, 0, "the test thread blocked SIGALRM already");
         assert_eq!(inside & (alarm | term), alarm | term, "mask {inside:x}");
+        let segv = 1u64 << (libc::SIGSEGV - 1);
+        assert_eq!(inside & segv, 0, "a fault's signal is blocked: {inside:x}");
         let plain = std::thread::spawn(blocked_mask).join().unwrap();
         assert_eq!(
             plain & alarm,
