@@ -176,11 +176,21 @@ fn read_per_folio(mapping: &Mapping, buf: &mut [u8], pos: u64) {
     while at < end {
         let done = (at - pos) as usize;
         let page_end = ((at >> PAGE_SHIFT) + 1) << PAGE_SHIFT;
-        let folio = mapping.lookup(at >> PAGE_SHIFT).filter(|folio| {
-            // The old loop locked the folio to check it was still in this file.
-            let _locked = folio.lock();
-            folio.mapping_id() == mapping.id()
-        });
+        // The old loop locked the folio to check it was still in this file. One that left it
+        // since the lookup (replaced by a copy, or removed) is looked up again, as the kernel's
+        // loop does: what is there now is a folio or a hole, not necessarily a hole.
+        let folio = loop {
+            let Some(folio) = mapping.lookup(at >> PAGE_SHIFT) else {
+                break None;
+            };
+            let still = {
+                let _locked = folio.lock();
+                folio.mapping_id() == mapping.id()
+            };
+            if still {
+                break Some(folio);
+            }
+        };
         match folio.as_ref().and_then(FolioRef::bytes) {
             Some(bytes) => {
                 let first = folio.as_ref().map_or(0, |f| f.index() << PAGE_SHIFT);

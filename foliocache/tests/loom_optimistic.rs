@@ -95,3 +95,49 @@ fn batched_read_vs_punch_keeps_untouched_pages() {
         reader.join().unwrap();
     });
 }
+
+/// A write to a memory file swaps a copy of the page in (uptodate folios are never written in
+/// place). A referenced read that finds the old folio gone from the file by the time it locks
+/// it must look again, not read a hole: bytes the write did not touch are always the data.
+/// (The per-folio loop once read such a page as zeros.)
+fn read_vs_copy_on_write(read: foliocache::ReadPolicy) {
+    loom::model(move || {
+        let cache = Cache::builder()
+            .arena_pages(4)
+            .max_order(0)
+            .policy(Policy {
+                read,
+                small_read: SmallReadPolicy::Refcounted,
+                ..Policy::default()
+            })
+            .build()
+            .unwrap();
+        let file = Arc::new(cache.create_memory_file(0).unwrap());
+        file.write_at(&[0xAA; 4096], 0).unwrap();
+        let reader = {
+            let file = file.clone();
+            thread::spawn(move || {
+                let mut handle = file.handle();
+                let mut buf = vec![0x11u8; 512];
+                assert_eq!(handle.read_at(&mut buf, 1024).unwrap(), 512);
+                assert!(
+                    buf.iter().all(|&b| b == 0xAA),
+                    "bytes the write did not touch read as {:x?}",
+                    &buf[..8]
+                );
+            })
+        };
+        file.write_at(&[0xBB; 100], 0).unwrap();
+        reader.join().unwrap();
+    });
+}
+
+#[test]
+fn per_folio_read_vs_copy_on_write_never_reads_a_hole() {
+    read_vs_copy_on_write(foliocache::ReadPolicy::PerFolio);
+}
+
+#[test]
+fn batched_read_vs_copy_on_write_never_reads_a_hole() {
+    read_vs_copy_on_write(foliocache::ReadPolicy::Batched);
+}
