@@ -235,19 +235,28 @@ fn class_free(k: usize, p: *mut u8) {
     class.free.store(p, Ordering::Relaxed);
 }
 
-/// Runs `f` marked as inside the allocator; `nested` instead if this thread already is (a
-/// signal handler interrupted it).
-fn outer<T>(f: impl FnOnce() -> T, nested: impl FnOnce() -> T) -> T {
+/// Runs `op` with class `k`'s lock held, marked as inside the allocator. A thread already
+/// inside (a signal handler interrupted it) does not wait for the lock, which its interrupted
+/// frame may hold: `None` when the lock is taken.
+fn with_class<T>(k: usize, op: impl FnOnce() -> T) -> Option<T> {
+    let lock = &CLASS[k].lock;
     if INSIDE.with(|inside| inside.replace(true)) {
-        return nested();
+        if !try_lock(lock) {
+            return None;
+        }
+        let result = op();
+        unlock(lock);
+        return Some(result);
     }
     // The mark must be in place before the lock is taken, for a handler on this thread: a
     // compiler fence orders the two for it (a handler runs on this very thread).
     compiler_fence(Ordering::SeqCst);
-    let result = f();
+    spin_lock(lock);
+    let result = op();
+    unlock(lock);
     compiler_fence(Ordering::SeqCst);
     INSIDE.with(|inside| inside.set(false));
-    result
+    Some(result)
 }
 
 /// Takes a class's lock if it is free, without waiting.
@@ -266,24 +275,7 @@ unsafe impl GlobalAlloc for Allocator {
             Route::Map => return map_aligned(layout.size(), layout.align()),
             Route::Class(k) => k,
         };
-        outer(
-            || {
-                spin_lock(&CLASS[k].lock);
-                let p = class_alloc(k);
-                unlock(&CLASS[k].lock);
-                p
-            },
-            || {
-                // Nested: the class is free to use only if its lock is.
-                if try_lock(&CLASS[k].lock) {
-                    let p = class_alloc(k);
-                    unlock(&CLASS[k].lock);
-                    p
-                } else {
-                    from_reserve(layout)
-                }
-            },
-        )
+        with_class(k, || class_alloc(k)).unwrap_or_else(|| from_reserve(layout))
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
@@ -308,21 +300,8 @@ unsafe impl GlobalAlloc for Allocator {
             Route::Map => return unmap(p, layout.size().next_multiple_of(PAGE)),
             Route::Class(k) => k,
         };
-        outer(
-            || {
-                spin_lock(&CLASS[k].lock);
-                class_free(k, p);
-                unlock(&CLASS[k].lock);
-            },
-            || {
-                // Nested, the class's lock taken (maybe by this thread's interrupted frame):
-                // the block is leaked rather than waiting.
-                if try_lock(&CLASS[k].lock) {
-                    class_free(k, p);
-                    unlock(&CLASS[k].lock);
-                }
-            },
-        );
+        // `None`: nested with the class's lock taken, the block is leaked rather than waited for.
+        let _ = with_class(k, || class_free(k, p));
     }
 }
 
@@ -341,6 +320,14 @@ pub(crate) fn reset_in_child() {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs `f` as a signal handler that interrupted this thread inside the allocator would.
+    fn inside<T>(f: impl FnOnce() -> T) -> T {
+        assert!(!INSIDE.with(|inside| inside.replace(true)));
+        let result = f();
+        INSIDE.with(|inside| inside.set(false));
+        result
+    }
 
     fn check(a: &Allocator, size: usize, align: usize, fill: u8) -> (*mut u8, Layout) {
         let layout = Layout::from_size_align(size, align).unwrap();
@@ -392,14 +379,14 @@ mod tests {
             unreachable!()
         };
         spin_lock(&CLASS[k].lock);
-        let nested = outer(|| check(&a, 100, 16, 7), || unreachable!());
+        let nested = inside(|| check(&a, 100, 16, 7));
         unlock(&CLASS[k].lock);
         assert!(in_reserve(nested.0));
         // Nested with the class's lock free: a class block. (This test binary allocates
         // through this allocator on other threads too, and one of them may hold the lock for
         // a moment: a few tries.)
         let from_class = (0..1000).any(|_| {
-            let (q, layout) = outer(|| check(&a, 100, 16, 9), || unreachable!());
+            let (q, layout) = inside(|| check(&a, 100, 16, 9));
             let class = !in_reserve(q);
             // SAFETY: allocated just above (a reserve block's free is a no-op).
             unsafe { a.dealloc(q, layout) };

@@ -309,8 +309,8 @@ static ALLOCATOR: alloc::Allocator = alloc::Allocator;
 #[unsafe(link_section = ".init_array")]
 static START: extern "C" fn() = start;
 
-/// What a forking thread holds across the fork: the registry locks, and its mark as inside a
-/// hook. Between `before_fork` and the handler after it, glibc holds its allocator's locks: a
+/// What a forking thread holds across the fork: the registry locks, its mark as inside a hook,
+/// and the locks the process's caches share (`foliocache::fork`). Between `before_fork` and the handler after it, glibc holds its allocator's locks: a
 /// signal handler that interrupts the fork and reads a served file must take the raw path
 /// (the real call, no allocation, no lock of this library), not the cache.
 type ForkLocks = (
@@ -321,7 +321,7 @@ type ForkLocks = (
 );
 
 thread_local! {
-    /// The registry locks held across a fork by the forking thread.
+    /// What `before_fork` holds until the fork is done, in the forking thread.
     static FORK_LOCK: RefCell<Option<ForkLocks>> = const { RefCell::new(None) };
 }
 
@@ -342,29 +342,29 @@ extern "C" fn before_fork() {
     let _ = FORK_LOCK.try_with(|slot| *slot.borrow_mut() = Some((registry, back, entered, shared)));
 }
 
-extern "C" fn after_fork_parent() {
-    let _ = FORK_LOCK.try_with(|slot| {
-        if let Some((registry, back, entered, shared)) = slot.borrow_mut().take() {
-            if let Some(shared) = shared {
-                shared.parent();
-            }
-            drop((registry, back, entered));
+/// After the fork, on either side: `finish` ends the shared part, then the rest is let go.
+fn release_fork_locks(finish: fn(foliocache::fork::Prepared)) {
+    let held = FORK_LOCK
+        .try_with(|slot| slot.borrow_mut().take())
+        .ok()
+        .flatten();
+    if let Some((registry, back, entered, shared)) = held {
+        if let Some(shared) = shared {
+            finish(shared);
         }
-    });
+        drop((registry, back, entered));
+    }
+}
+
+extern "C" fn after_fork_parent() {
+    release_fork_locks(foliocache::fork::Prepared::parent);
 }
 
 extern "C" fn after_fork_child() {
     let Some(runtime) = runtime() else { return };
     // First: the allocator's state may be mid-change by a thread that did not come along.
     alloc::reset_in_child();
-    let _ = FORK_LOCK.try_with(|slot| {
-        if let Some((registry, back, entered, shared)) = slot.borrow_mut().take() {
-            if let Some(shared) = shared {
-                shared.child();
-            }
-            drop((registry, back, entered));
-        }
-    });
+    release_fork_locks(foliocache::fork::Prepared::child);
     let mut registry = runtime.registry();
     // The parent's cache and files belong to threads that did not come along: forget them
     // without running their destructors (which would wait for those threads).

@@ -197,9 +197,9 @@ fn run_db_bench(
     }
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
     let total = seconds(usage.ru_utime) + seconds(usage.ru_stime);
-    let ops: Vec<f64> = out
-        .lines()
-        .filter(|line| is_result(line))
+    let results: Vec<&str> = out.lines().filter(|line| is_result(line)).collect();
+    let ops: Vec<f64> = results
+        .iter()
         .filter_map(|line| {
             let words: Vec<&str> = line.split_whitespace().collect();
             let at = words.iter().position(|w| *w == "ops/sec")?;
@@ -218,11 +218,7 @@ fn run_db_bench(
         cpu_s.push(at - before);
         before = at;
     }
-    let outcome = out
-        .lines()
-        .filter(|line| is_result(line))
-        .map(outcome)
-        .collect();
+    let outcome = results.iter().map(|line| outcome(line)).collect();
     Ok(RunResult {
         ops,
         cpu_s,
