@@ -71,6 +71,8 @@ pub fn errno_of(error: &foliocache::Error) -> i32 {
         E::NoDirectIo { .. } | E::NotADiskFile => libc::EOPNOTSUPP,
         E::ReadOnly => libc::EROFS,
         E::FaultOutOfRange { .. } => libc::EFAULT,
+        E::Detached => libc::EBADF,
+        E::StillDirty { .. } => libc::EBUSY,
         _ => libc::EIO,
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::core::CacheCore;
 use crate::dirty::{Dirty, DirtySettings, DirtyStats};
-use crate::error::Error;
+use crate::error::{DescriptorRefused, Error};
 use crate::file::File;
 use crate::inode::Inode;
 use crate::io::{Backend, DirectFile, EngineKind, OpenOptions};
@@ -493,6 +493,74 @@ impl Cache {
             file.set_len(0)?;
         }
         Ok(file)
+    }
+
+    /// Opens a file from a descriptor the caller opened and lends to the cache: the file is read
+    /// (and, with [`OpenOptions::write`], written) through it, with O_DIRECT if the descriptor
+    /// has it, else buffered with `RWF_DONTCACHE` where the kernel offers it (Linux 6.14; the
+    /// kernel then keeps no second copy of the pages). A descriptor opened write-only serves
+    /// writes only: a write into part of a page that is not cached goes straight to storage,
+    /// since the rest of the page cannot be read.
+    ///
+    /// The caller decides when the descriptor is closed: [`File::detach_descriptor`] hands it
+    /// back (after the transfers in flight), and [`File::attach_descriptor`] lends one again,
+    /// keeping the cached pages if storage did not change meanwhile. What closing a descriptor
+    /// does to the process (POSIX record locks are dropped when *any* descriptor of the file
+    /// closes) is then the caller's to time, which a library living inside another program
+    /// needs (the preload library does).
+    ///
+    /// The file is this cache's one shared file for its device and inode: a file the cache
+    /// already has open is [`Error::OpenConflict`]. `buffered_fallback`, `create`, `truncate`
+    /// and `revalidate` do not apply. A tmpfs file is [`Error::NoDirectIo`].
+    pub fn open_descriptor(
+        &self,
+        fd: std::os::fd::OwnedFd,
+        options: OpenOptions,
+    ) -> Result<File, DescriptorRefused> {
+        let refuse = |error, fd| DescriptorRefused { error, fd };
+        let max_order = match self.checked_order(options.max_order) {
+            Ok(order) => order,
+            Err(error) => return Err(refuse(error, fd)),
+        };
+        let mut policy = self.inner.policy;
+        if let Some(insert) = options.insert {
+            policy.insert = insert;
+        }
+        let engine = match self.inner.engine() {
+            Ok(engine) => engine,
+            Err(error) => return Err(refuse(error, fd)),
+        };
+        let direct = match DirectFile::from_descriptor(fd, options.write, Arc::clone(&engine)) {
+            Ok(direct) => Arc::new(direct),
+            Err((error, fd)) => return Err(refuse(error, fd)),
+        };
+        let key = direct.identity();
+        let path = direct.path().to_owned();
+        let opened = self.files.get_or_open(key, || {
+            Inode::new_disk(
+                &self.inner,
+                self.new_mapping(),
+                max_order,
+                policy,
+                Arc::clone(&direct) as Arc<dyn Backend>,
+                Some(Arc::clone(&direct)),
+                true,
+            )
+        });
+        let error = match opened {
+            Ok((opened, true)) => return Ok(File::from_opened(opened)),
+            Ok((opened, false)) => {
+                drop(opened);
+                Error::OpenConflict {
+                    path,
+                    reason: "this cache has the file open already".to_owned(),
+                }
+            }
+            Err(error) => error,
+        };
+        // The descriptor goes back unclosed (nothing used it yet).
+        let fd = direct.detach().expect("the descriptor just lent");
+        Err(refuse(error, fd))
     }
 
     /// Opens a file whose bytes come from `backend` (a custom source: a test double, a remote

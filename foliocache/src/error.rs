@@ -214,4 +214,38 @@ pub enum Error {
     /// A region of zero bytes.
     #[error("a region must cover at least one byte")]
     EmptyRegion,
+    /// The file's descriptor was taken out ([`File::detach_descriptor`](crate::File::detach_descriptor)):
+    /// nothing can be read from or written to storage until one is attached again.
+    #[error("the file has no descriptor attached")]
+    Detached,
+    /// The operation needs the file clean, and it holds data not yet written back.
+    #[error("the file holds {pages} pages not yet written back")]
+    StillDirty {
+        /// Dirty pages and pages under writeback.
+        pages: u64,
+    },
+}
+
+/// A descriptor lent to the cache ([`Cache::open_descriptor`](crate::Cache::open_descriptor),
+/// [`File::attach_descriptor`](crate::File::attach_descriptor)) that it refused: the error, and
+/// the descriptor back, unclosed. Closing it is the caller's to time (closing any descriptor
+/// of a file drops the process's POSIX record locks on it).
+#[derive(Debug)]
+pub struct DescriptorRefused {
+    /// Why.
+    pub error: Error,
+    /// The descriptor, as it was lent.
+    pub fd: std::os::fd::OwnedFd,
+}
+
+impl std::fmt::Display for DescriptorRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for DescriptorRefused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
 }

@@ -372,6 +372,60 @@ impl File {
     pub fn is_writable(&self) -> bool {
         self.inner.writable().is_ok()
     }
+
+    /// Hands back the descriptor lent at [`Cache::open_descriptor`](crate::Cache::open_descriptor)
+    /// (or at the last [`attach_descriptor`](Self::attach_descriptor)), for the caller to close
+    /// when it chooses: no read or write starts through it from now on, the transfers in
+    /// flight are waited for, and the file remembers how storage looks now, so that the next
+    /// attach can tell whether another program changed it meanwhile. The cached pages stay;
+    /// until a descriptor is attached again, a read that misses fails ([`Error::Detached`]
+    /// as the cause) and the folio stays not uptodate.
+    ///
+    /// Refused with [`Error::StillDirty`] while the file holds data not yet written back (sync
+    /// first); [`Error::Detached`] if no descriptor is lent (a file opened by path, or one
+    /// detached already).
+    pub fn detach_descriptor(&self) -> Result<std::os::fd::OwnedFd, Error> {
+        self.inner.detach_descriptor()
+    }
+
+    /// Lends the file a descriptor again after [`detach_descriptor`](Self::detach_descriptor)
+    /// (`write`: for writes too, as at [`Cache::open_descriptor`](crate::Cache::open_descriptor)),
+    /// and looks at the file on storage: if it changed since the detach, clean cached pages
+    /// are dropped and the new size is taken ([`revalidate`](Self::revalidate)). The
+    /// descriptor must be of the same file ([`Error::OpenConflict`] otherwise); a refused
+    /// descriptor comes back unclosed with the error ([`crate::DescriptorRefused`]).
+    pub fn attach_descriptor(
+        &self,
+        fd: std::os::fd::OwnedFd,
+        write: bool,
+    ) -> Result<crate::Revalidated, crate::DescriptorRefused> {
+        self.inner.attach_descriptor(fd, write)
+    }
+
+    /// The caller wrote `offset..offset + len` of the file on storage itself, around the cache
+    /// (through another descriptor of the file): every clean cached folio overlapping the
+    /// range is removed from the file (readers already copying one finish with the old bytes,
+    /// as a read racing a write may), reads in flight there included, and the size grows to
+    /// cover the write. Dirty folios stay: the caller must not write around data the cache
+    /// holds dirty. The kernel's `invalidate_inode_pages2_range` after a direct write.
+    pub fn written_outside(&self, offset: u64, len: u64) {
+        self.inner.written_outside(offset, len);
+    }
+
+    /// The caller changed the file on storage in ways it cannot name (a truncation, an
+    /// `fallocate` mode the cache does not do): every clean page is dropped and the size taken
+    /// from storage, as a [`revalidate`](Self::revalidate) that found a change.
+    pub fn changed_outside(&self) -> Result<crate::Revalidated, Error> {
+        self.inner.changed_outside()
+    }
+
+    /// Drops the data the file holds dirty, as the kernel does after a failed writeback, and
+    /// records `errno` in the file's writeback error sequence (every handle's next sync
+    /// reports it). For a caller that must stop holding newer bytes than storage now, whatever
+    /// happens to them: returns the pages dropped.
+    pub fn discard_dirty(&self, errno: i32) -> u64 {
+        self.inner.discard_dirty(errno)
+    }
 }
 
 /// Which steps of [`Handle::sync_range`] run, as `sync_file_range(2)`'s flags.

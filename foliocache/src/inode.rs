@@ -160,6 +160,104 @@ impl Inode {
         })
     }
 
+    /// Takes out the lent descriptor (see [`File::detach_descriptor`](crate::File::detach_descriptor)).
+    pub(crate) fn detach_descriptor(&self) -> Result<std::os::fd::OwnedFd, Error> {
+        let disk = self.disk().ok_or(Error::NotADiskFile)?;
+        let direct = disk.direct.as_ref().ok_or(Error::Detached)?;
+        // No change and no writeback pass under way, and none can start meanwhile.
+        let _changing = self.lock_changes();
+        let _no_pass = disk.wb.pass_lock();
+        let busy = self.mapping.dirty_pages() + self.mapping.writeback_pages();
+        if busy > 0 {
+            return Err(Error::StillDirty { pages: busy });
+        }
+        // Storage as it is now is what the cache holds (every change it made is on storage):
+        // an attach compares with this.
+        if let Ok(now) = disk.backend.stamp() {
+            *disk.stamp.lock().unwrap_or_else(PoisonError::into_inner) = now;
+        }
+        direct.detach().ok_or(Error::Detached)
+    }
+
+    /// Attaches a descriptor again (see [`File::attach_descriptor`](crate::File::attach_descriptor)).
+    pub(crate) fn attach_descriptor(
+        &self,
+        fd: std::os::fd::OwnedFd,
+        write: bool,
+    ) -> Result<Revalidated, crate::error::DescriptorRefused> {
+        let refuse = |error, fd| crate::error::DescriptorRefused { error, fd };
+        let Some(disk) = self.disk() else {
+            return Err(refuse(Error::NotADiskFile, fd));
+        };
+        let Some(direct) = &disk.direct else {
+            return Err(refuse(Error::NotADiskFile, fd));
+        };
+        if write && !disk.shared {
+            return Err(refuse(Error::ReadOnly, fd));
+        }
+        if let Err((error, fd)) = direct.attach(fd, write) {
+            return Err(refuse(error, fd));
+        }
+        match self.revalidate() {
+            Ok(revalidated) => Ok(revalidated),
+            Err(error) => {
+                // Storage could not be looked at: the descriptor goes back (no I/O used it).
+                let fd = direct.detach().expect("the descriptor just lent");
+                Err(refuse(error, fd))
+            }
+        }
+    }
+
+    /// The caller wrote `offset..offset + len` on storage itself (see
+    /// [`File::written_outside`](crate::File::written_outside)).
+    pub(crate) fn written_outside(&self, offset: u64, len: u64) {
+        let Some(disk) = self.disk() else { return };
+        if len == 0 {
+            return;
+        }
+        let end = offset.saturating_add(len);
+        // Whole folios around the range: the largest this file uses.
+        let span = 1u64 << self.max_order;
+        let first = (offset >> crate::mem::PAGE_SHIFT) & !(span - 1);
+        let last = ((end - 1) >> crate::mem::PAGE_SHIFT) | (span - 1);
+        let _changing = self.lock_changes();
+        if let Some(direct) = &disk.direct {
+            direct.wrote_to(end);
+        }
+        self.mapping.drop_shadows_in(first, last);
+        self.mapping.truncate_unless(first..=last, |flags| {
+            flags & (flag::DIRTY | flag::WRITEBACK) != 0
+        });
+        if end > self.mapping.size() {
+            self.mapping.set_size(end);
+        }
+    }
+
+    /// The caller changed the file on storage in ways it cannot name (see
+    /// [`File::changed_outside`](crate::File::changed_outside)).
+    pub(crate) fn changed_outside(&self) -> Result<Revalidated, Error> {
+        if let Some(disk) = self.disk() {
+            *disk.stamp.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
+        self.revalidate()
+    }
+
+    /// Drops the file's dirty data (see [`File::discard_dirty`](crate::File::discard_dirty)).
+    pub(crate) fn discard_dirty(&self, errno: i32) -> u64 {
+        let Some(disk) = self.disk() else { return 0 };
+        let _changing = self.lock_changes();
+        let _no_pass = disk.wb.pass_lock();
+        if self.mapping.dirty_pages() == 0 {
+            return 0;
+        }
+        disk.wb.errors.set(errno);
+        let dropped = self
+            .mapping
+            .truncate_unless(.., |flags| flags & flag::DIRTY == 0);
+        disk.wb.clear_dirtied_if(|| self.mapping.dirty_pages() == 0);
+        dropped
+    }
+
     /// Whether a folio at or past byte `pos` is dirty or under writeback.
     fn holds_dirty_from(&self, pos: u64) -> bool {
         use crate::index::Mark;

@@ -70,7 +70,7 @@ mod writeback;
 
 pub use cache::{Cache, CacheBuilder, MAX_READAHEAD_BYTES, Stats};
 pub use dirty::DirtyStats;
-pub use error::Error;
+pub use error::{DescriptorRefused, Error};
 pub use fault::{Fault, Region, RegionHint};
 pub use file::{Advice, CachedRange, DropReport, File, Handle, PageState, SyncRange};
 pub use inode::Revalidated;

@@ -136,6 +136,9 @@ impl Inode {
         end: u64,
     ) -> Result<Option<u64>, Error> {
         let page = at >> PAGE_SHIFT;
+        if let Some(next) = self.write_around(data, pos, at, end)? {
+            return Ok(Some(next));
+        }
         let index = self.mapping.index();
         // The largest aligned block the write covers whole, with nothing cached in it.
         let mut order = 0u8;
@@ -194,6 +197,37 @@ impl Inode {
             Err(Error::Exists { .. }) => Ok(None),
             Err(error) => Err(error),
         }
+    }
+
+    /// A file whose descriptor cannot read (lent write-only, see
+    /// `DirectFile::from_descriptor`) cannot fill the rest of a page a write covers only in
+    /// part: that piece goes straight to storage instead, and the page stays uncached (no
+    /// cached copy can go stale: the caller holds the change lock and found nothing cached
+    /// there, and nothing can read the file into the cache). `None`: the piece goes into the
+    /// cache as usual.
+    fn write_around(&self, data: &[u8], pos: u64, at: u64, end: u64) -> Result<Option<u64>, Error> {
+        let Some(disk) = self.disk() else {
+            return Ok(None);
+        };
+        let Some(direct) = &disk.direct else {
+            return Ok(None);
+        };
+        let first = (at >> PAGE_SHIFT) << PAGE_SHIFT;
+        let page_end = first + crate::mem::PAGE_SIZE as u64;
+        let piece_end = end.min(page_end);
+        let partial = at != first || piece_end != page_end;
+        if !partial || first >= crate::io::Backend::size(&**direct) || direct.readable() {
+            return Ok(None);
+        }
+        let _one_pass = disk.wb.pass_lock();
+        let bytes = &data[(at - pos) as usize..(piece_end - pos) as usize];
+        self.own_change(|| direct.write_around(at, bytes))
+            .map_err(|source| Error::Io {
+                offset: at,
+                len: bytes.len() as u64,
+                source,
+            })?;
+        Ok(Some(piece_end))
     }
 
     /// Drops a clean folio from the index (truncation style: readers holding it keep it).

@@ -134,6 +134,12 @@ pub(crate) struct FileIo {
     /// The offset and length granularity of a transfer on this descriptor (O_DIRECT's logical
     /// block size; 1 when buffered): where a transfer cut short restarts.
     pub(crate) align: usize,
+    /// `RWF_*` flags of every read (`preadv2`, io_uring's `rw_flags`): `RWF_DONTCACHE` for a
+    /// buffered descriptor, so the kernel does not keep a second copy.
+    pub(crate) read_flags: i32,
+    /// `RWF_*` flags of every write: `RWF_DONTCACHE`, and `RWF_NOAPPEND` so that a descriptor
+    /// opened with `O_APPEND` still writes where the cache says.
+    pub(crate) write_flags: i32,
 }
 
 /// The vectors of `all` from byte `skip` on, at most [`MAX_IOVECS`] of them.

@@ -1,4 +1,4 @@
-//! The fallback engine: a few threads doing `preadv`/`pwritev` (when io_uring is unavailable).
+//! The fallback engine: a few threads doing `preadv2`/`pwritev2` (when io_uring is unavailable).
 //! A transfer cut short is continued from where it stopped (rounded down to the file's block
 //! size); a panic while completing one is caught, that transfer fails, the worker goes on.
 
@@ -134,11 +134,12 @@ fn transfer_fully(
             // and unchanged until it completes (after this call returns); the kernel only
             // reads them.
             unsafe {
-                libc::pwritev(
+                libc::pwritev2(
                     fd.as_raw_fd(),
                     vectors.as_ptr(),
                     vectors.len() as libc::c_int,
                     offset,
+                    io.write_flags,
                 )
             }
         } else {
@@ -146,11 +147,12 @@ fn transfer_fully(
             // locked and not uptodate until it completes (after this call returns): only this
             // read writes them and nobody reads them (see `ReadRequest::targets`).
             unsafe {
-                libc::preadv(
+                libc::preadv2(
                     fd.as_raw_fd(),
                     vectors.as_ptr(),
                     vectors.len() as libc::c_int,
                     offset,
+                    io.read_flags,
                 )
             }
         };

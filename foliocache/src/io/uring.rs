@@ -55,10 +55,12 @@ impl InFlight {
         if self.transfer.is_write() {
             opcode::Writev::new(fd, self.current.as_ptr(), count)
                 .offset(offset)
+                .rw_flags(self.io.write_flags)
                 .build()
         } else {
             opcode::Readv::new(fd, self.current.as_ptr(), count)
                 .offset(offset)
+                .rw_flags(self.io.read_flags)
                 .build()
         }
     }
