@@ -1,163 +1,152 @@
 //! The adapter: everything the preload library asks of foliocache, in one module. The hooks and
 //! the fd table call it; none of them touches a `foliocache::File` themselves.
 //!
-//! An [`Inode`] is one file of the program (device and inode number), shared by all its fds.
-//! It serves the file in one of two modes, chosen for the whole process by
-//! `FOLIOCACHE_WRITES` (`config::Writes`).
+//! An [`Inode`] is one file of the program (device and inode number), shared by all its fds,
+//! with one cached `foliocache::File` for as long as the process runs: reopening the file
+//! finds it again, and its pages stay if the file did not change meanwhile.
 //!
-//! # Write-through (the default): write to the kernel, then invalidate
-//! * The inode holds the current `foliocache::File`, opened apart (`shared(false)`, read only)
-//!   from `/proc/self/fd/N` (the very inode the program opened, whatever its path does
-//!   meanwhile), tagged with the inode's *epoch*.
-//! * Writes go to the kernel first (the program's own fd, so the kernel's metadata, `fstat`
-//!   and `lseek(SEEK_END)` stay right without interposing them); then [`Inode::written`] drops
-//!   the written range (rounded out to 2 MiB, the largest folio) from the cache, waits for reads
-//!   in flight there, and checks that nothing is left. A change the current `File` cannot
-//!   reflect (the size moved, a folio that could not be dropped) bumps the epoch instead.
-//! * A read uses a `File` only if its epoch is the inode's epoch, else opens a new one. A read
-//!   that comes back short re-checks the size with `fstat` (the file may have grown) before
-//!   it reports end of file.
-//! * Opening a file again compares its size and modification time with what the inode saw and
-//!   bumps the epoch when they differ: a change made by another program is seen after the file
-//!   is opened again (revalidate on open).
+//! # When the cache may serve a file
+//! Only while the process knows that no other process can change the file, and learns of a
+//! change before a read could return old bytes: while it holds a *lease* (see `lease`).
+//! * Every description the program has of the file is read-only: a **read lease** on a
+//!   descriptor of the library's own, opened read-only with O_DIRECT from `/proc/self/fd/N`
+//!   (the very inode). Another process's open for writing, or a truncate, breaks it.
+//! * The program has exactly one description of the file and it is writable: a **write
+//!   lease** on a duplicate of that description (so the process still has one open of the
+//!   file, which a write lease needs). The cache reads and writes through it, buffered with
+//!   `RWF_DONTCACHE` (and `RWF_NOAPPEND`). Any other open of the file breaks it.
+//! * Anything else (several descriptions and one writable, a description shared with another
+//!   process by fork or a spawned program, a shared mapping, the program's own O_DIRECT, a
+//!   file system without leases, another user's file): the file *passes through*: every call
+//!   goes to the kernel, as without the library.
 //!
-//! The order that makes the invalidation safe: the kernel write completes before the drop; a
-//! read that inserted its folios before the drop is waited for (its folios are locked until its
-//! I/O completes) and then dropped; a read that inserts after the drop submits its I/O after
-//! the write completed, and O_DIRECT reads see completed buffered writes (the kernel writes the
-//! range back before a direct read).
+//! A break is handled on the lease thread ([`Inode::lease_broken`]): in write-back mode the
+//! dirty data is written back first (the opener waits for it), then the inode stops serving
+//! and the lease is released, which lets the opener go on. From then on the file passes
+//! through; the lease is tried again after a back-off, and what the cache may have read in
+//! meanwhile is dropped before it serves again.
 //!
-//! # Write-back (`FOLIOCACHE_WRITES=back`): the cache holds the newest bytes
-//! * The inode holds the cache's one *shared* `File` of the file, opened with `write(true)`
-//!   once any fd of it is writable (opening it again that way makes it writable). Every open
-//!   revalidates it (the library keeps dirty data across a revalidation). No epochs: the `File`
-//!   is never replaced.
-//! * Writes go into the cache ([`Inode::write`], `Handle::write_at`): dirty folios, written to
-//!   storage by the cache's flusher, by write-behind behind sequential writers, by a sync, and
-//!   when the last holder of the `File` lets go (the last fd closing). An append takes the
-//!   inode's append lock and writes at the cache's size.
-//! * So the kernel is *behind* until writeback: its size, its data. Everything that shows the
-//!   program the file through the kernel is therefore either corrected (`fstat` and the other
-//!   stat calls report [`Inode::back_view`]'s size, `lseek(SEEK_END)` uses it) or preceded by
-//!   a *flush* ([`Inode::flush`]: write back and wait): `mmap`, fork, exec and the spawning
-//!   calls, `SEEK_DATA`/`SEEK_HOLE`, file locks, and exit. Syncs go to the description's own
-//!   handle, so each open file description is told of each writeback error once (errseq).
-//! * Locks are how programs coordinate across processes: the inode is flushed before a lock
-//!   or unlock, and revalidated after a lock is taken, so a program that reads under a lock
-//!   sees what another wrote under it.
+//! Serving is a sequence number: even while the cache serves, odd while it passes through,
+//! bumped by each switch. A read checks it before and after it copies from the cache: if it
+//! moved, the copy may postdate the release of the lease, and the read goes to the kernel.
 //!
-//! # Uncached
-//! An inode written through a path the library does not see (a shared writable `mmap`, a
-//! `FILE` from `fdopen` for writing, an fd the table cannot hold, the program's own O_DIRECT)
-//! becomes *uncached* for the rest of the process: every access passes through to the kernel.
-//! Write-back mode adds the paths that read or write the kernel's copy while the cache holds
-//! newer bytes: any shared mapping, any `fdopen`, streams glibc opens itself (`freopen`), and
-//! fds 0 to 2 (glibc's standard streams use them with libc-internal calls).
-//! In write-back mode the cache first writes everything back, under the inode's *gate* (held
-//! shared by every change made through the cache, exclusively by the switch), so no write into
-//! the cache can land after the last writeback. A caller that may take no lock (a hook nested
-//! in another, a signal handler) only marks the switch *pending*
-//! ([`Inode::mark_uncached`]); the next outer call on the inode carries it out before anything
-//! else.
+//! # The library's descriptors and the program's locks
+//! POSIX record locks belong to the process and the inode: closing *any* descriptor of the
+//! file drops all of them. So the library closes its descriptor of a file only where the
+//! program's own close drops them anyway: inside the close (or `dup2`, `close_range`) of the
+//! program's last fd of the file, just before the real close. At that point the cached file
+//! lets go of the descriptor ([`foliocache::File::detach_descriptor`]) and keeps its pages;
+//! the next open lends it a new one ([`foliocache::File::attach_descriptor`]), which
+//! revalidates them. Elsewhere: a forked child closes its copies before the program runs
+//! again (it holds no lock yet); across `exec` a descriptor stays open, leaked into the new
+//! program, when the program's own descriptors of the file do (no close-on-exec), since the
+//! kernel would otherwise close it at the exec and drop the locks.
+//!
+//! # Write modes
+//! * **Write-through** (the default): writes go to the kernel through the program's fd, then
+//!   the written range is dropped from the cache ([`foliocache::File::written_outside`]);
+//!   under the write lease nobody else writes, so the cache stays exact.
+//! * **Write-back** (`FOLIOCACHE_WRITES=back`): writes go into the cache as dirty folios, written
+//!   to storage by the cache's flusher, by a sync, at a break, and at the last close. The
+//!   kernel is *behind* until then, so what shows the program the file through the kernel is
+//!   corrected (`fstat` and the other stat calls report [`Inode::back_view`]'s size,
+//!   `lseek(SEEK_END)` uses it) or preceded by a flush (`mmap`, fork, exec and the spawning
+//!   calls, `SEEK_DATA`/`SEEK_HOLE`, exit). A write-only description can be served: a write
+//!   into part of a page the cache does not hold goes to storage around the cache.
+//!
+//! # Never served again
+//! An inode written through a path the library does not see (a `FILE` from `fdopen`, an fd the
+//! table cannot hold, fds 0 to 2 in write-back mode, the program's own O_DIRECT or lease) or
+//! mapped shared is *never served again* in this process: its dirty data is written back
+//! first, under the inode's *gate* (held shared by every change made through the cache,
+//! exclusively by the switch), so no write into the cache can land after the last writeback.
+//! A caller that may take no lock (a hook nested in another, a signal handler) only marks the
+//! switch pending ([`Inode::mark_uncached`]); the next outer call carries it out.
 
 use crate::config::Writes;
-use crate::stats;
-use foliocache::{Advice, Cache, Error, File, Handle, OpenOptions, PAGE_SIZE, SyncRange};
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+use crate::lease::{self, Kind, Refused};
+use crate::serving::Serving;
+use crate::stats::{self, Reason};
+use foliocache::{Advice, Cache, Error, File, Handle, OpenOptions, SyncRange};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
-/// The largest folio (2 MiB): an invalidated range is rounded out to it.
-const LARGEST_FOLIO: u64 = (PAGE_SIZE as u64) << foliocache::MAX_ORDER;
-
-/// The cache serves the inode.
-const CACHED: u8 = 0;
-/// It is to become uncached: the next outer call writes it back and switches.
-const UNCACHE_PENDING: u8 = 1;
-/// Every access passes through to the kernel.
-const UNCACHED: u8 = 2;
-
-/// Readahead (and, in write-back mode, write-behind) states of one description: (the inode's
-/// epoch they belong to, the handle).
-pub(crate) type Slots = [Mutex<Option<(u64, Handle)>>];
+/// Readahead (and, in write-back mode, write-behind) states of one description.
+pub(crate) type Slots = [Mutex<Option<Handle>>];
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
+
+/// The first wait before a lease is tried again after a break, and the longest.
+const FIRST_BACKOFF: Duration = Duration::from_millis(10);
+const LONGEST_BACKOFF: Duration = Duration::from_secs(1);
+
+/// `never`: served.
+const SERVABLE: u8 = 0;
+/// `never`: to become never served at the next outer call.
+const NEVER_PENDING: u8 = 1;
+/// `never`: never served again in this process.
+const NEVER: u8 = 2;
 
 /// One file of the program (device and inode number), shared by all its fds.
 #[derive(Debug)]
 pub(crate) struct Inode {
     pub(crate) key: (u64, u64),
     cache: Cache,
+    writes: Writes,
     ra_bytes: u64,
-    /// `CACHED`, `UNCACHE_PENDING` or `UNCACHED`.
-    state: AtomicU8,
-    mode: Mode,
-}
-
-#[derive(Debug)]
-enum Mode {
-    Through(Through),
-    Back(Back),
-}
-
-/// Write-through state.
-#[derive(Debug)]
-struct Through {
-    /// Bumped by every change the current `File` may not reflect.
-    epoch: AtomicU64,
-    /// The `File` for reads, opened at an epoch.
-    current: Mutex<Option<Current>>,
-    /// Size and modification time (ns) last seen by an open, for revalidation.
-    seen: Mutex<(u64, i128)>,
-}
-
-#[derive(Debug)]
-struct Current {
-    epoch: u64,
-    file: File,
-}
-
-impl Drop for Current {
-    fn drop(&mut self) {
-        stats::retire_file(&self.file);
-    }
-}
-
-/// Write-back state.
-#[derive(Debug)]
-struct Back {
-    /// The cache's shared file.
-    file: File,
-    /// Held shared by every change made through the cache, exclusively while the inode
-    /// becomes uncached (see the module doc).
+    /// The cached file, made at the first lease; the same for the inode's whole life.
+    file: OnceLock<File>,
+    /// Whether the cache serves the file now (see `serving`).
+    serving: Serving,
+    /// Pages may have come into the cache while it did not serve the file (a read racing the
+    /// switch, a nested write through the kernel): all are dropped before it serves again.
+    stale: AtomicBool,
+    /// `SERVABLE`, `NEVER_PENDING` or `NEVER`.
+    never: AtomicU8,
+    /// Held shared by every change made through the cache, exclusively while the inode stops
+    /// serving (write-back).
     gate: RwLock<()>,
     /// Appenders, one at a time: each writes at the size the last one left.
     append: Mutex<()>,
-    /// The handle flush points write back with. Its sync reports are dropped: errors stay
-    /// for the descriptions' own handles (see [`Inode::flush`]).
-    flusher: Mutex<Handle>,
+    /// The handle flush points write back with (its sync reports are dropped: errors stay for
+    /// the descriptions' own handles).
+    flusher: Mutex<Option<Handle>>,
     /// When a change through the cache last touched the file (ns since the epoch; 0: never),
     /// for the modification time the stat calls report.
     changed_ns: AtomicI64,
+    /// The program's fds of this file in the table.
+    fds: AtomicUsize,
+    /// The library's descriptor, the lease, and the program's descriptions.
+    io: Mutex<Io>,
 }
 
-impl Drop for Back {
-    fn drop(&mut self) {
-        // The last fd is gone: what is dirty goes to storage now (the `File`'s last holder
-        // would do it too; done here, it is done before the counters are taken).
-        let _ = lock(&self.flusher).sync_range(0, 0, SyncRange::ALL);
-        stats::retire_file(&self.file);
-    }
-}
-
-/// Why an inode cannot be cached.
-#[derive(Debug)]
-pub(crate) enum NotCached {
-    /// Its file system has no direct I/O (tmpfs, or O_DIRECT refused).
-    NoDirectIo,
-    /// Opening it for the cache failed (the program's fd stays valid and passes through).
-    Failed,
+/// What the library holds of the file, and what it knows of the program's descriptions.
+#[derive(Debug, Default)]
+struct Io {
+    /// The descriptor the cached file is lent (it owns it), while attached.
+    lent: Option<RawFd>,
+    /// Whether that descriptor is the library's own read-only open (else a duplicate of the
+    /// program's writable description).
+    own: bool,
+    /// A descriptor the cached file refused (kept open until the last close).
+    refused: Option<OwnedFd>,
+    /// The lease held on `lent`.
+    lease: Option<Kind>,
+    /// Why the file passes through now (`None` while served, or never tried).
+    why: Option<Reason>,
+    /// The program's descriptions of the file: read-only ones, writable ones.
+    readers: usize,
+    writers: usize,
+    /// A writable description went to another process: no lease until the last fd closes.
+    shared: bool,
+    /// When a lease may be tried again, and the back-off after the next break.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    leased_at: Option<Instant>,
 }
 
 /// Where a write goes.
@@ -184,25 +173,19 @@ pub(crate) enum SyncKind {
     },
 }
 
-/// Modification time in nanoseconds.
-pub(crate) fn mtime_ns(st: &libc::stat) -> i128 {
-    i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec)
-}
-
 /// Whether open flags allow writing.
 pub(crate) fn writable(flags: i32) -> bool {
     let access = flags & libc::O_ACCMODE;
     access == libc::O_WRONLY || access == libc::O_RDWR
 }
 
-/// Opens the cache's shared `File` of the file open as `fd` (the same `File` if the cache has
-/// it open already: it is then revalidated, and made writable if `write`).
-fn open_shared(cache: &Cache, fd: i32, write: bool) -> Result<File, NotCached> {
-    let path = format!("/proc/self/fd/{fd}");
-    match cache.open_with(&path, OpenOptions::new().write(write)) {
-        Ok(file) => Ok(file),
-        Err(Error::NoDirectIo { .. }) => Err(NotCached::NoDirectIo),
-        Err(_) => Err(NotCached::Failed),
+/// `FOLIOCACHE_DEBUG=1`: one line on stderr per lease event (taken, refused, a switch to
+/// passing through, a last close, an attach), with the process id and the file's device and
+/// inode numbers, for finding out why a file is or is not cached.
+pub(crate) fn debug(what: std::fmt::Arguments<'_>) {
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("FOLIOCACHE_DEBUG").is_some_and(|v| v == "1")) {
+        eprintln!("foliocache-preload[{}]: {what}", std::process::id());
     }
 }
 
@@ -212,250 +195,567 @@ fn now_ns() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
-impl Inode {
-    /// A new inode for the file open as `fd` with `flags` (and stat `st`), its `File` opened
-    /// now. In write-back mode an `O_TRUNC` open truncates the cache's file too.
-    pub(crate) fn open(
-        cache: &Cache,
-        fd: i32,
-        st: &libc::stat,
-        flags: i32,
-        ra_bytes: u64,
-        writes: Writes,
-    ) -> Result<Self, NotCached> {
-        let mode = match writes {
-            Writes::Through => Mode::Through(Through {
-                epoch: AtomicU64::new(0),
-                current: Mutex::new(None),
-                seen: Mutex::new((st.st_size as u64, mtime_ns(st))),
-            }),
-            Writes::Back => {
-                let write = writable(flags);
-                let file = open_shared(cache, fd, write)?;
-                if write && flags & libc::O_TRUNC != 0 {
-                    file.set_len(0).map_err(|_| NotCached::Failed)?;
-                }
-                stats::opened_file();
-                Mode::Back(Back {
-                    flusher: Mutex::new(file.handle()),
-                    file,
-                    gate: RwLock::new(()),
-                    append: Mutex::new(()),
-                    changed_ns: AtomicI64::new(0),
-                })
-            }
-        };
-        let inode = Self {
-            key: (st.st_dev, st.st_ino),
-            cache: cache.clone(),
-            ra_bytes,
-            state: AtomicU8::new(CACHED),
-            mode,
-        };
-        if let Mode::Through(_) = inode.mode {
-            inode.file(fd, 0)?;
-        }
-        Ok(inode)
-    }
+/// The real `fcntl` (never the hook: a duplicate made here is the library's, not the
+/// program's).
+fn fcntl(fd: RawFd, cmd: i32, arg: usize) -> i32 {
+    // SAFETY: fcntl on a descriptor of this process with an integer argument.
+    unsafe { crate::real::fcntl(fd, cmd, arg) }
+}
 
-    /// The file is opened again, as `fd` with `flags` (stat `st`): revalidate on open. In
-    /// write-back mode this also makes the cache's file writable if `fd` is, and carries out
-    /// `O_TRUNC` in the cache. `Err`: it cannot be served any more (the caller makes it
-    /// uncached).
-    pub(crate) fn reopen(&self, fd: i32, st: &libc::stat, flags: i32) -> Result<(), NotCached> {
-        match &self.mode {
-            Mode::Through(through) => {
-                let now = (st.st_size as u64, mtime_ns(st));
-                let mut seen = lock(&through.seen);
-                if *seen != now || flags & libc::O_TRUNC != 0 {
-                    *seen = now;
-                    self.bump();
-                }
-                Ok(())
-            }
-            Mode::Back(back) => {
-                if !self.serving() {
-                    return Ok(());
-                }
-                let write = writable(flags);
-                let _gate = back.gate.read().unwrap_or_else(PoisonError::into_inner);
-                // The same File: opening it revalidates it (and makes it writable).
-                drop(open_shared(&self.cache, fd, write)?);
-                if write && flags & libc::O_TRUNC != 0 {
-                    // The kernel truncated at open; dirty data of the cache must go too, or
-                    // writeback would bring it back.
-                    back.file.set_len(0).map_err(|_| NotCached::Failed)?;
-                    back.changed_ns.store(now_ns(), Ordering::Release);
-                }
-                Ok(())
-            }
+impl Inode {
+    pub(crate) fn new(cache: &Cache, key: (u64, u64), ra_bytes: u64, writes: Writes) -> Self {
+        Self {
+            key,
+            cache: cache.clone(),
+            writes,
+            ra_bytes,
+            file: OnceLock::new(),
+            serving: Serving::new(),
+            stale: AtomicBool::new(false),
+            never: AtomicU8::new(SERVABLE),
+            gate: RwLock::new(()),
+            append: Mutex::new(()),
+            flusher: Mutex::new(None),
+            changed_ns: AtomicI64::new(0),
+            fds: AtomicUsize::new(0),
+            io: Mutex::new(Io {
+                backoff: FIRST_BACKOFF,
+                ..Io::default()
+            }),
         }
     }
 
     /// Whether this inode runs in write-back mode.
     pub(crate) fn is_back(&self) -> bool {
-        matches!(self.mode, Mode::Back(_))
+        self.writes == Writes::Back
     }
 
-    /// Whether the cache serves the inode, carrying out a pending switch to uncached first.
-    /// Only for outer calls (it may write back).
-    fn serving(&self) -> bool {
-        match self.state.load(Ordering::Acquire) {
-            CACHED => true,
-            UNCACHED => false,
-            _ => {
-                self.set_uncached();
-                false
+    // -----------------------------------------------------------------------------------------
+    // The program's descriptions and fds
+
+    /// A description of the program's (open flags `flags`) now exists.
+    pub(crate) fn description_opened(&self, flags: i32) {
+        let mut io = lock(&self.io);
+        if writable(flags) {
+            io.writers += 1;
+        } else {
+            io.readers += 1;
+        }
+    }
+
+    /// A description of the program's went (its last fd closed).
+    pub(crate) fn description_closed(&self, writable_description: bool) {
+        let mut io = lock(&self.io);
+        if writable_description {
+            io.writers = io.writers.saturating_sub(1);
+        } else {
+            io.readers = io.readers.saturating_sub(1);
+        }
+    }
+
+    /// One more fd of the program's is in the table.
+    pub(crate) fn fd_installed(&self) {
+        self.fds.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// One fd of the program's left the table; whether it was the last.
+    pub(crate) fn fd_removed(&self) -> bool {
+        self.fds.fetch_sub(1, Ordering::SeqCst) == 1
+    }
+
+    /// The program's fds of the file in the table.
+    pub(crate) fn fds(&self) -> usize {
+        self.fds.load(Ordering::SeqCst)
+    }
+
+    /// No fd of the program's and no descriptor of the library's: the inode can go.
+    pub(crate) fn idle(&self) -> bool {
+        let io = lock(&self.io);
+        self.fds() == 0 && io.lent.is_none() && io.refused.is_none()
+    }
+
+    /// After the program opened the file as `fd`, its description counted: serve it if a
+    /// lease can be had. Only for outer calls.
+    pub(crate) fn opened(self: &Arc<Self>, fd: RawFd) {
+        self.carry_out_pending();
+        let mut io = lock(&self.io);
+        if self.serving.now() {
+            // Still served: the program's open did not conflict with the lease (a read-only
+            // open beside a read lease).
+            let fits = match io.lease {
+                Some(Kind::Read) => io.writers == 0,
+                Some(Kind::Write) => io.writers + io.readers == 1,
+                None => false,
+            };
+            if fits {
+                return;
+            }
+            self.stop(&mut io, Reason::Busy);
+        }
+        io.retry_at = None;
+        self.try_serve(&mut io, fd);
+    }
+
+    /// Tries to serve the file: the descriptor, the lease, the cached file. The program's
+    /// `fd` is any fd of it (all its fds are of the one description when a write lease is
+    /// wanted).
+    fn try_serve(self: &Arc<Self>, io: &mut Io, fd: RawFd) {
+        match self.serve(io, fd) {
+            Ok(()) => {}
+            Err(reason) => {
+                debug(format_args!(
+                    "{:?}: not served ({})",
+                    self.key,
+                    reason.as_str()
+                ));
+                // Without a lease another process may write the file from now on: what the
+                // cache holds of it is dropped before it serves again.
+                self.stale.store(true, Ordering::Release);
+                if io.why != Some(reason) {
+                    stats::passed_through(reason);
+                }
+                io.why = Some(reason);
+                let retry = matches!(reason, Reason::Busy | Reason::Broken);
+                io.retry_at = retry.then(|| Instant::now() + io.backoff);
             }
         }
     }
+
+    fn serve(self: &Arc<Self>, io: &mut Io, fd: RawFd) -> Result<(), Reason> {
+        if self.never.load(Ordering::Acquire) != SERVABLE {
+            return Err(io.why.unwrap_or(Reason::UntrackedPath));
+        }
+        if io.shared {
+            return Err(Reason::Inherited);
+        }
+        if !lease::signal_usable() {
+            return Err(Reason::Signal);
+        }
+        let kind = if io.writers == 0 {
+            Kind::Read
+        } else if io.writers == 1 && io.readers == 0 {
+            Kind::Write
+        } else {
+            return Err(Reason::Busy);
+        };
+        let program_flags = fcntl(fd, libc::F_GETFL, 0);
+        if program_flags < 0 {
+            return Err(Reason::Busy);
+        }
+        let write_only = program_flags & libc::O_ACCMODE == libc::O_WRONLY;
+        if kind == Kind::Write && write_only && !self.is_back() {
+            return Err(Reason::WriteOnly); // nothing to read, nothing to cache
+        }
+        // The descriptor: the one lent already if it suits the lease, else a new one.
+        let fresh = match io.lent {
+            Some(_) if io.own == (kind == Kind::Read) => None,
+            // The other kind's descriptor stays open until the last close, and the kernel
+            // counts it: no lease of this kind can be had meanwhile.
+            Some(_) => return Err(Reason::Busy),
+            None if io.refused.is_some() => return Err(Reason::Busy),
+            None => Some(self.new_descriptor(kind, fd)?),
+        };
+        let raw = fresh
+            .as_ref()
+            .map_or_else(|| io.lent.unwrap_or(-1), AsRawFd::as_raw_fd);
+        if let Some(fresh) = &fresh {
+            crate::own_fds::add(fresh.as_raw_fd());
+        }
+        // The lease first: from here on no other process can change the file unheard, so
+        // what the cached file checks now stays true.
+        let leased = lease::take(raw, kind, self);
+        if let Some(fresh) = fresh
+            && let Err(reason) = self.lend(io, fresh, kind == Kind::Write)
+        {
+            if leased.is_ok() {
+                lease::release(raw);
+            }
+            return Err(reason);
+        }
+        match leased {
+            Ok(()) => {}
+            Err(Refused::Busy) => return Err(Reason::Busy),
+            Err(Refused::Broken) => return Err(Reason::Broken),
+            Err(Refused::Unsupported) => return Err(Reason::NoLease),
+            Err(Refused::NoSignal) => return Err(Reason::Signal),
+        }
+        io.lease = Some(kind);
+        debug(format_args!("{:?}: {kind:?} lease taken", self.key));
+        io.leased_at = Some(Instant::now());
+        stats::lease_taken();
+        let file = self.file.get().expect("lent a descriptor");
+        if self.stale.swap(false, Ordering::AcqRel) {
+            // Pages that came in while the file passed through may be older than storage.
+            let _ = file.changed_outside();
+        }
+        io.why = None;
+        io.retry_at = None;
+        // Served: the lease is held and the cache is exact.
+        self.serving.start();
+        Ok(())
+    }
+
+    /// A descriptor for a lease of `kind`: the library's own read-only O_DIRECT open, or a
+    /// duplicate of the program's (single, writable) description.
+    fn new_descriptor(&self, kind: Kind, fd: RawFd) -> Result<OwnedFd, Reason> {
+        let raw = match kind {
+            Kind::Read => {
+                let path = format!("/proc/self/fd/{fd}\0");
+                // SAFETY: a NUL-terminated path; the real open (the library's own descriptor
+                // is not the program's, and is not in the table).
+                let raw = unsafe {
+                    crate::real::open(
+                        path.as_ptr().cast(),
+                        libc::O_RDONLY | libc::O_DIRECT | libc::O_CLOEXEC,
+                        0,
+                    )
+                };
+                if raw < 0 {
+                    let errno = std::io::Error::last_os_error().raw_os_error();
+                    return Err(if errno == Some(libc::EINVAL) {
+                        Reason::NoDirectIo
+                    } else {
+                        Reason::NoLease
+                    });
+                }
+                raw
+            }
+            Kind::Write => {
+                let raw = fcntl(fd, libc::F_DUPFD_CLOEXEC, 0);
+                if raw < 0 {
+                    return Err(Reason::NoLease);
+                }
+                raw
+            }
+        };
+        // SAFETY: a descriptor just opened or duplicated here, owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+    }
+
+    /// Lends `fd` to the cached file (made now at the first time). A descriptor it refuses is
+    /// kept in `refused` until the last close: closing it now would drop the program's locks.
+    fn lend(&self, io: &mut Io, fd: OwnedFd, write: bool) -> Result<(), Reason> {
+        let raw = fd.as_raw_fd();
+        let write = write && self.is_back();
+        let outcome = match self.file.get() {
+            Some(file) => file
+                .attach_descriptor(fd, write)
+                .map(|r| {
+                    if r.changed {
+                        debug(format_args!("{:?}: changed since the last close", self.key));
+                    }
+                })
+                .map_err(|refused| (refused.error, refused.fd)),
+            None => {
+                let options = OpenOptions::new().write(write);
+                match self.cache.open_descriptor(fd, options) {
+                    Ok(file) => {
+                        *lock(&self.flusher) = Some(file.handle());
+                        let _ = self.file.set(file);
+                        stats::opened_file();
+                        Ok(())
+                    }
+                    Err(refused) => Err((refused.error, refused.fd)),
+                }
+            }
+        };
+        match outcome {
+            Ok(()) => {
+                io.lent = Some(raw);
+                io.own = !write && fcntl(raw, libc::F_GETFL, 0) & libc::O_DIRECT != 0;
+                Ok(())
+            }
+            Err((error, fd)) => {
+                io.refused = Some(fd);
+                Err(match error {
+                    Error::NoDirectIo { .. } => Reason::NoDirectIo,
+                    Error::OpenConflict { .. } => Reason::Busy,
+                    _ => Reason::NoLease,
+                })
+            }
+        }
+    }
+
+    /// Stops serving: in write-back mode the dirty data goes to storage first (and, if it
+    /// cannot, is dropped as the kernel drops data a writeback failed for: another process is
+    /// about to see storage), then the lease is released. Called with the `io` lock.
+    fn stop(&self, io: &mut Io, reason: Reason) {
+        if self.serving.now() {
+            {
+                // Writes wait at the gate; reads go on from the cache, which is exact while the
+                // lease holds, until the kernel has every byte (see `serving`).
+                let _gate = self
+                    .is_back()
+                    .then(|| self.gate.write().unwrap_or_else(PoisonError::into_inner));
+                self.serving.stop_after(|| {
+                    self.write_back_all();
+                    if let Some(file) = self.file.get()
+                        && self.is_back()
+                    {
+                        let lost = file.discard_dirty(libc::EIO);
+                        if lost > 0 {
+                            debug(format_args!("{:?}: {lost} dirty pages dropped", self.key));
+                        }
+                    }
+                });
+            }
+            self.stale.store(true, Ordering::Release);
+            if let Some(file) = self.file.get() {
+                file.drop_cached(0, 0);
+            }
+        }
+        if io.why != Some(reason) {
+            stats::passed_through(reason);
+            debug(format_args!(
+                "{:?}: passes through ({})",
+                self.key,
+                reason.as_str()
+            ));
+        }
+        io.why = Some(reason);
+        if let (Some(_), Some(fd)) = (io.lease.take(), io.lent) {
+            lease::release(fd);
+        }
+    }
+
+    /// The lease on `fd` was broken (on the lease thread).
+    pub(crate) fn lease_broken(&self, fd: RawFd) {
+        let mut io = lock(&self.io);
+        let Some(kind) = io.lease else { return };
+        if io.lent != Some(fd) || lease::stands(fd, kind) {
+            return; // a signal for a lease given up since, or queued twice
+        }
+        stats::lease_broken();
+        // The back-off doubles while leases break soon after they were taken.
+        let lasted = io.leased_at.map_or(Duration::ZERO, |at| at.elapsed());
+        io.backoff = if lasted > LONGEST_BACKOFF {
+            FIRST_BACKOFF
+        } else {
+            (io.backoff * 2).min(LONGEST_BACKOFF)
+        };
+        self.stop(&mut io, Reason::Broken);
+        io.retry_at = Some(Instant::now() + io.backoff);
+    }
+
+    /// A file passing through: whether it is served again now (its back-off passed and a
+    /// lease can be had). Takes no lock if another thread holds the inode's.
+    fn retry(self: &Arc<Self>, fd: RawFd) -> bool {
+        if self.never.load(Ordering::Acquire) != SERVABLE {
+            return false;
+        }
+        let Ok(mut io) = self.io.try_lock() else {
+            return false;
+        };
+        let Some(at) = io.retry_at else { return false };
+        if Instant::now() < at {
+            return false;
+        }
+        io.retry_at = None;
+        if io.lease.is_some() {
+            // A nested write marked the cache stale under a lease that still stands.
+            if let Some(file) = self.file.get() {
+                let _ = file.changed_outside();
+            }
+            self.stale.store(false, Ordering::Release);
+            self.serving.start();
+            io.why = None;
+            return true;
+        }
+        self.try_serve(&mut io, fd);
+        self.serving.now()
+    }
+
+    /// The program's last fd of the file is about to close (outer call, before the real
+    /// close): what is dirty goes to storage, the lease is released, and the library's
+    /// descriptor is closed, now, where the program's close drops its locks anyway. The
+    /// cached file keeps its pages for the next open.
+    pub(crate) fn last_close(&self) {
+        let mut io = lock(&self.io);
+        debug(format_args!("{:?}: last close", self.key));
+        if self.fds() != 0 {
+            return; // reopened meanwhile
+        }
+        if self.serving.now() && self.is_back() {
+            self.write_back_all();
+        }
+        let was_serving = self.serving.now();
+        self.serving.stop_now(); // no fd is left to read through
+        let lease = io.lease.take();
+        if let Some(file) = self.file.get() {
+            if self.stale.swap(false, Ordering::AcqRel)
+                || self.never.load(Ordering::Acquire) != SERVABLE
+            {
+                let _ = file.changed_outside();
+            }
+            if io.lent.is_some() {
+                // The stamp the next attach compares with is taken here, while the lease
+                // (if any) still stands: nobody can have changed the file since the cache
+                // last knew it.
+                match file.detach_descriptor() {
+                    Ok(fd) => {
+                        if lease.is_some() {
+                            lease::release(fd.as_raw_fd());
+                        }
+                        io.lent = None;
+                        crate::own_fds::remove(fd.as_raw_fd());
+                        drop(fd);
+                    }
+                    Err(Error::StillDirty { .. }) => {
+                        // The write back failed: everything stays (the flusher tries again),
+                        // the descriptor and the lease with it; a later last close ends them.
+                        io.lease = lease;
+                        if was_serving {
+                            self.serving.start();
+                        }
+                        return;
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        if let (Some(_), Some(fd)) = (lease, io.lent) {
+            lease::release(fd);
+        }
+        if let Some(fd) = io.refused.take() {
+            crate::own_fds::remove(fd.as_raw_fd());
+            drop(fd);
+        }
+        io.own = false;
+        io.shared = false;
+        io.why = None;
+        io.retry_at = None;
+        io.backoff = FIRST_BACKOFF;
+    }
+
+    /// A writable description of this file went to another process (fork, a spawned
+    /// program): the file passes through until its last fd closes.
+    pub(crate) fn shared_with_another_process(&self) {
+        let mut io = lock(&self.io);
+        io.shared = true;
+        self.stop(&mut io, Reason::Inherited);
+        io.retry_at = None;
+    }
+
+    /// Whether the program has a writable description of the file.
+    pub(crate) fn has_writer(&self) -> bool {
+        lock(&self.io).writers > 0
+    }
+
+    /// Before an `exec`: the lease goes (the new program would inherit it on a description
+    /// it does not know). Returns the library's descriptors of the file, for the caller to
+    /// keep across the exec where the program's are kept.
+    pub(crate) fn before_exec(&self) -> Vec<RawFd> {
+        let mut io = lock(&self.io);
+        self.stop(&mut io, Reason::Exec);
+        io.retry_at = None;
+        io.lent
+            .into_iter()
+            .chain(io.refused.as_ref().map(AsRawFd::as_raw_fd))
+            .collect()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Never served again
 
     /// Every access passes through from now on. In write-back mode the cache's dirty data is
-    /// written back first (and no write into the cache can follow it).
-    pub(crate) fn set_uncached(&self) {
-        match &self.mode {
-            Mode::Through(through) => {
-                self.mark_uncached();
-                drop(lock(&through.current).take());
-            }
-            Mode::Back(back) => {
-                let _gate = back.gate.write().unwrap_or_else(PoisonError::into_inner);
-                if self.state.load(Ordering::Acquire) == UNCACHED {
-                    return;
-                }
-                let _ = lock(&back.flusher).sync_range(0, 0, SyncRange::ALL);
-                self.state.store(UNCACHED, Ordering::Release);
-            }
+    /// written back first (and no write into the cache can follow it). Outer calls only.
+    pub(crate) fn set_uncached(&self, reason: Reason) {
+        let mut io = lock(&self.io);
+        self.never.store(NEVER, Ordering::Release);
+        self.stop(&mut io, reason);
+        io.retry_at = None;
+    }
+
+    /// As [`set_uncached`](Self::set_uncached), taking no lock: the switch is carried out by
+    /// the next outer call on the inode; until then the cache is not used.
+    pub(crate) fn mark_uncached(&self) {
+        let _ = self.never.compare_exchange(
+            SERVABLE,
+            NEVER_PENDING,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        if !self.is_back() {
+            // Nothing dirty to write back first: stop reading the cache at once.
+            self.stale.store(true, Ordering::Release);
+            self.serving.stop_now();
         }
     }
 
-    /// Every access passes through from now on, taking no lock: in write-back mode the switch
-    /// is left pending for the next outer call (which writes back first); in write-through
-    /// mode the current `File` is freed by the next [`set_uncached`](Self::set_uncached) or
-    /// when the inode goes.
-    pub(crate) fn mark_uncached(&self) {
-        match &self.mode {
-            Mode::Through(_) => {
-                self.state.store(UNCACHED, Ordering::Release);
-                self.bump();
-            }
-            Mode::Back(_) => {
-                let _ = self.state.compare_exchange(
-                    CACHED,
-                    UNCACHE_PENDING,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                );
-            }
+    /// An outer call carries out a pending switch.
+    fn carry_out_pending(&self) {
+        if self.never.load(Ordering::Acquire) == NEVER_PENDING {
+            self.set_uncached(Reason::UntrackedPath);
         }
     }
 
     /// After a write to the kernel made by a hook nested in another (no lock may be taken):
-    /// the cache must not be used as it is. Write-through: the current `File` stops being
-    /// used. Write-back: the inode becomes uncached at the next outer call (see
-    /// docs/PRELOAD.md for what this means for the order of the writes).
+    /// write-through, the cache stops serving until the next outer read drops it all (the
+    /// lease still stands); write-back, the inode is never served again (the kernel has bytes
+    /// the cache's writeback could overwrite).
     pub(crate) fn written_nested(&self) {
-        match &self.mode {
-            Mode::Through(_) => self.bump(),
-            Mode::Back(_) => self.mark_uncached(),
+        if self.is_back() {
+            self.mark_uncached();
+        } else {
+            self.stale.store(true, Ordering::Release);
+            self.serving.stop_now();
+            // The next outer read retries at once (the lease is kept).
+            if let Ok(mut io) = self.io.try_lock() {
+                io.retry_at = Some(Instant::now());
+            }
         }
     }
 
-    /// Write-through: the current `File` stops being used.
-    pub(crate) fn bump(&self) {
-        if let Mode::Through(through) = &self.mode {
-            through.epoch.fetch_add(1, Ordering::AcqRel);
-        }
-    }
+    // -----------------------------------------------------------------------------------------
+    // Reads
 
-    fn epoch(&self) -> u64 {
-        match &self.mode {
-            Mode::Through(through) => through.epoch.load(Ordering::Acquire),
-            Mode::Back(_) => 0,
-        }
-    }
-
-    /// The `File` of `epoch`: write-back mode's shared one, or (write-through) the current one,
-    /// opened (from the program's `fd`) if it is older.
-    fn file(&self, fd: i32, epoch: u64) -> Result<File, NotCached> {
-        let through = match &self.mode {
-            Mode::Back(back) => return Ok(back.file.clone()),
-            Mode::Through(through) => through,
-        };
-        let mut current = lock(&through.current);
-        if let Some(found) = current.as_ref().filter(|c| c.epoch == epoch) {
-            return Ok(found.file.clone());
-        }
-        // Held across the open: a write that invalidates meanwhile waits for it, and then
-        // drops its range from the new File too.
-        let path = format!("/proc/self/fd/{fd}");
-        // A File of its own, with an empty cache: this mode keeps one per inode and epoch.
-        let options = OpenOptions::new().shared(false);
-        let file = match self.cache.open_with(&path, options) {
-            Ok(file) => file,
-            Err(Error::NoDirectIo { .. }) => return Err(NotCached::NoDirectIo),
-            Err(_) => return Err(NotCached::Failed),
-        };
-        stats::opened_file();
-        *current = Some(Current {
-            epoch,
-            file: file.clone(),
-        });
-        Ok(file)
-    }
-
-    /// A fresh readahead state for `fd`, at `epoch`, with `advice` (a `POSIX_FADV_*` value).
-    fn new_handle(&self, fd: i32, epoch: u64, advice: i32) -> Option<Handle> {
-        let file = self.file(fd, epoch).ok()?;
+    /// A fresh readahead state for the file, with `advice` (a `POSIX_FADV_*` value).
+    fn new_handle(&self, advice: i32) -> Option<Handle> {
+        let file = self.file.get()?;
         let mut handle = file.handle();
         handle.set_ra_bytes(self.ra_bytes);
         apply_advice(&mut handle, advice);
         Some(handle)
     }
 
-    /// Runs `op` with a handle of the current epoch from `slots` (the one at `preferred`
-    /// first; a fresh one when all are busy), and the epoch. `None`: the file is uncached or
-    /// cannot be opened for the cache.
+    /// Runs `op` with a handle from `slots` (the one at `preferred` first; a fresh one when
+    /// all are busy).
     fn with_handle<T>(
         &self,
-        fd: i32,
         slots: &Slots,
         preferred: usize,
         advice: i32,
-        op: impl FnOnce(&mut Handle, u64) -> T,
-    ) -> Option<T> {
-        if !self.serving() {
-            return None;
-        }
-        self.with_handle_at(fd, slots, preferred, advice, self.epoch(), op)
-    }
-
-    /// [`with_handle`](Self::with_handle) at a given epoch, without the state check.
-    fn with_handle_at<T>(
-        &self,
-        fd: i32,
-        slots: &Slots,
-        preferred: usize,
-        advice: i32,
-        epoch: u64,
-        op: impl FnOnce(&mut Handle, u64) -> T,
+        op: impl FnOnce(&mut Handle) -> T,
     ) -> Option<T> {
         let mut guard = (0..slots.len())
             .map(|k| &slots[(preferred + k) % slots.len()])
             .find_map(|slot| slot.try_lock().ok());
         let mut fresh = None;
         let handle = match guard.as_deref_mut() {
-            Some(Some((at, handle))) if *at == epoch => handle,
-            Some(slot) => &mut slot.insert((epoch, self.new_handle(fd, epoch, advice)?)).1,
-            None => fresh.insert(self.new_handle(fd, epoch, advice)?),
+            Some(Some(handle)) => handle,
+            Some(slot) => slot.insert(self.new_handle(advice)?),
+            None => fresh.insert(self.new_handle(advice)?),
         };
-        Some(op(handle, epoch))
+        Some(op(handle))
+    }
+
+    /// A ticket to read from the cache (see `serving`) if it serves the file now, trying a
+    /// lease again if its back-off passed.
+    fn ticket(self: &Arc<Self>, fd: RawFd) -> Option<u64> {
+        self.carry_out_pending();
+        if let Some(ticket) = self.serving.ticket() {
+            return Some(ticket);
+        }
+        if self.retry(fd) {
+            return self.serving.ticket();
+        }
+        None
     }
 
     /// Reads at `pos` through the cache. `None`: pass this read through.
     pub(crate) fn read(
-        &self,
-        fd: i32,
+        self: &Arc<Self>,
+        fd: RawFd,
         slots: &Slots,
         preferred: usize,
         advice: i32,
@@ -463,32 +763,28 @@ impl Inode {
         pos: u64,
     ) -> Option<Result<usize, i32>> {
         for _attempt in 0..3 {
-            let (result, size, epoch) =
-                self.with_handle(fd, slots, preferred, advice, |handle, epoch| {
-                    (handle.read_at(buf, pos), handle.file().size(), epoch)
-                })?;
+            let ticket = self.ticket(fd)?;
+            let (result, size) = self.with_handle(slots, preferred, advice, |handle| {
+                (handle.read_at(buf, pos), handle.file().size())
+            })?;
+            if !self.serving.still(ticket) {
+                return None; // the cache stopped serving meanwhile: the kernel answers
+            }
             match result {
                 Ok(n) if n == buf.len() => return Some(Ok(n)),
                 Ok(n) => {
-                    // Short: end of file as the cache sees it. Has another program moved it?
+                    // Short: end of file as the cache sees it. A path the library does not
+                    // see (the program's raw system calls) may have grown the file.
                     let real = kernel_size(fd)?;
-                    match &self.mode {
-                        Mode::Through(through) if real != size => {
-                            let _ = through.epoch.compare_exchange(
-                                epoch,
-                                epoch + 1,
-                                Ordering::AcqRel,
-                                Ordering::Acquire,
-                            );
-                        }
-                        // Write-back: the cache's size is ahead of the kernel's while appends
-                        // wait for writeback; only a kernel size beyond it is news.
-                        Mode::Back(back) if real > size => {
-                            if back.file.revalidate().is_err() {
-                                return Some(Ok(n));
-                            }
-                        }
-                        _ => return Some(Ok(n)),
+                    let file = self.file.get()?;
+                    let grown = match self.writes {
+                        Writes::Through => real != size,
+                        // The cache's size is ahead of the kernel's while appends wait for
+                        // writeback; only a kernel size beyond it is news.
+                        Writes::Back => real > size,
+                    };
+                    if !grown || file.changed_outside().is_err() {
+                        return Some(Ok(n));
                     }
                 }
                 Err(error) => return Some(Err(foliocache_capi::errno_of(&error))),
@@ -499,15 +795,18 @@ impl Inode {
 
     /// `readahead(2)` and `POSIX_FADV_WILLNEED`: start reading the range.
     pub(crate) fn will_need(
-        &self,
-        fd: i32,
+        self: &Arc<Self>,
+        fd: RawFd,
         slots: &Slots,
         preferred: usize,
         advice: i32,
         offset: u64,
         len: u64,
     ) {
-        self.with_handle(fd, slots, preferred, advice, |handle, _| {
+        if self.ticket(fd).is_none() {
+            return;
+        }
+        self.with_handle(slots, preferred, advice, |handle| {
             let len = if len == 0 {
                 handle.file().size().saturating_sub(offset)
             } else {
@@ -517,52 +816,57 @@ impl Inode {
         });
     }
 
-    /// Write-through: after the kernel wrote `pos..pos + len` (or changed the size, `len` =
-    /// `u64::MAX`), no cached byte of the range may survive.
+    /// Write-through: after the kernel wrote `pos..pos + len` through the program's fd (or
+    /// changed the size in ways the hook cannot name, `len` = `u64::MAX`), no cached byte of
+    /// the range may survive.
     pub(crate) fn written(&self, pos: u64, len: u64) {
-        let Mode::Through(through) = &self.mode else {
-            return;
-        };
-        if self.state.load(Ordering::Acquire) == UNCACHED || len == 0 {
+        if self.writes != Writes::Through || len == 0 {
             return;
         }
+        let Some(file) = self.file.get() else { return };
         stats::invalidation();
-        let current = lock(&through.current);
-        let Some(current) = current.as_ref() else {
-            return; // nothing cached; the next File is opened after this write
-        };
-        let file = &current.file;
-        let end = pos.saturating_add(len);
-        if len == u64::MAX || end > file.size() {
-            self.bump(); // the size moved: the File's size is fixed at open
+        if !self.serving.now() {
+            // Dropped before the cache serves again.
+            self.stale.store(true, Ordering::Release);
             return;
         }
-        if !drop_range(file, pos, end) {
-            self.bump(); // still referenced by a reader: stop using this File
+        if len == u64::MAX {
+            if file.changed_outside().is_err() {
+                self.stale.store(true, Ordering::Release);
+                self.serving.stop_now();
+            }
+        } else {
+            file.written_outside(pos, len);
+        }
+    }
+
+    /// The kernel changed the file through the program's fd in ways the hook cannot name (a
+    /// truncate, an `fallocate` the cache does not make), or by path: what the cache holds of
+    /// it may be old. While served, the cached file takes the file as storage has it now;
+    /// otherwise it is dropped before the cache serves again.
+    pub(crate) fn changed_by_kernel(&self) {
+        match self.file.get() {
+            Some(file) if self.serving.now() => {
+                if file.changed_outside().is_err() {
+                    self.stale.store(true, Ordering::Release);
+                    self.serving.stop_now();
+                }
+            }
+            _ => self.stale.store(true, Ordering::Release),
         }
     }
 
     /// `POSIX_FADV_DONTNEED`: drop the range's idle pages (dirty ones are written first).
-    pub(crate) fn dont_need(&self, fd: i32, offset: u64, len: u64) {
-        if !self.serving() {
-            return;
-        }
-        if let Ok(file) = self.file(fd, self.epoch()) {
+    pub(crate) fn dont_need(&self, offset: u64, len: u64) {
+        if let Some(file) = self.file.get() {
             file.drop_cached(offset, len);
         }
     }
 
-    /// Memory of this inode's `File` in the stats (live files at exit).
+    /// The cached file, for the counters at exit.
     pub(crate) fn with_file(&self, each: impl FnOnce(&File)) {
-        match &self.mode {
-            Mode::Through(through) => {
-                if let Ok(current) = through.current.try_lock()
-                    && let Some(current) = current.as_ref()
-                {
-                    each(&current.file);
-                }
-            }
-            Mode::Back(back) => each(&back.file),
+        if let Some(file) = self.file.get() {
+            each(file);
         }
     }
 
@@ -570,43 +874,46 @@ impl Inode {
     // Write-back mode. Each call answers `None` when the inode is not (or no longer) served in
     // write-back mode: the hook then does what the kernel would, with the real call.
 
-    /// The write-back state, if the cache serves the inode in write-back mode.
-    fn back(&self) -> Option<&Back> {
-        match &self.mode {
-            Mode::Back(back) if self.serving() => Some(back),
-            _ => None,
+    /// The cached file, if the cache serves the inode in write-back mode now.
+    fn back(self: &Arc<Self>, fd: RawFd) -> Option<&File> {
+        if !self.is_back() {
+            return None;
         }
+        self.ticket(fd)?;
+        self.file.get()
     }
 
     /// A change through the cache happened now.
-    fn changed(back: &Back) {
-        back.changed_ns.store(now_ns(), Ordering::Release);
+    fn changed(&self) {
+        self.changed_ns.store(now_ns(), Ordering::Release);
     }
 
     /// Writes `pieces` (consecutive in the file) into the cache at `at`, with the handle of
     /// `slots` that this thread prefers (its write-behind stream). Returns where the write
     /// went and how many bytes it took (fewer than asked only after an error, as the kernel),
     /// or the errno.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn write(
-        &self,
+        self: &Arc<Self>,
+        fd: RawFd,
         slots: &Slots,
         preferred: usize,
         advice: i32,
         pieces: &[&[u8]],
         at: WriteAt,
     ) -> Option<Result<(u64, usize), i32>> {
-        let back = self.back()?;
-        let _gate = back.gate.read().unwrap_or_else(PoisonError::into_inner);
-        if self.state.load(Ordering::Acquire) == UNCACHED {
+        let file = self.back(fd)?;
+        let _gate = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+        if !self.serving.now() || !file.is_writable() {
             return None;
         }
         // Appenders one at a time, each at the size the last one left.
-        let _append = matches!(at, WriteAt::Append).then(|| lock(&back.append));
+        let _append = matches!(at, WriteAt::Append).then(|| lock(&self.append));
         let pos = match at {
             WriteAt::Pos(pos) => pos,
-            WriteAt::Append => back.file.size(),
+            WriteAt::Append => file.size(),
         };
-        let (done, error) = self.with_handle_at(-1, slots, preferred, advice, 0, |handle, _| {
+        let (done, error) = self.with_handle(slots, preferred, advice, |handle| {
             let mut done = 0u64;
             for piece in pieces.iter().filter(|piece| !piece.is_empty()) {
                 let at = pos.saturating_add(done);
@@ -626,7 +933,7 @@ impl Inode {
             (done, None)
         })?;
         if done > 0 {
-            Self::changed(back);
+            self.changed();
             stats::written_to_cache(done);
         }
         Some(match (done, error) {
@@ -635,61 +942,30 @@ impl Inode {
         })
     }
 
-    /// Before a write through a description another process may hold (inherited by a fork
-    /// or a new program): look at the file on storage again, since that process writes
-    /// through the kernel.
-    pub(crate) fn revalidate(&self) {
-        if let Some(back) = self.back() {
-            let _ = back.file.revalidate();
-        }
-    }
-
-    /// An append through a description another process may hold: it must go through the
-    /// kernel (only the kernel's append is atomic across processes). The cache is written
-    /// back first, so the kernel's end of file is the program's; `kernel_write` does the
-    /// append, and the file is revalidated after it.
-    pub(crate) fn append_through_kernel(
-        &self,
-        kernel_write: impl FnOnce() -> isize,
-    ) -> Option<isize> {
-        let back = self.back()?;
-        let _gate = back.gate.read().unwrap_or_else(PoisonError::into_inner);
-        if self.state.load(Ordering::Acquire) == UNCACHED {
-            return None;
-        }
-        let _append = lock(&back.append);
-        let _ = lock(&back.flusher).sync_range(0, 0, SyncRange::ALL);
-        let n = kernel_write();
-        if n > 0 {
-            stats::written_through(n as u64);
-            let _ = back.file.revalidate();
-        }
-        Some(n)
-    }
-
     /// A handle for a new open file description's syncs (write-back mode): it samples the
     /// file's writeback errors now, as the kernel does at open.
     pub(crate) fn sync_handle(&self) -> Option<Handle> {
-        match &self.mode {
-            Mode::Back(back) => Some(back.file.handle()),
-            Mode::Through(_) => None,
+        if !self.is_back() {
+            return None;
         }
+        self.file.get().map(File::handle)
     }
 
     /// `fsync`, `fdatasync`, `sync_file_range` with the description's handle: its writeback
-    /// errors are reported to it once each. `None` also when the cache's file was never
-    /// writable (nothing of the cache's to write: the kernel syncs what it has).
+    /// errors are reported to it once each. `None` also when the cached file is not writable
+    /// (nothing of the cache's to write: the kernel syncs what it has).
     pub(crate) fn sync(
-        &self,
+        self: &Arc<Self>,
+        fd: RawFd,
         handle: &Mutex<Option<Handle>>,
         kind: SyncKind,
     ) -> Option<Result<(), i32>> {
-        let back = self.back()?;
-        if !back.file.is_writable() {
+        let file = self.back(fd)?;
+        if !file.is_writable() {
             return None;
         }
         let mut slot = lock(handle);
-        let handle = slot.get_or_insert_with(|| back.file.handle());
+        let handle = slot.get_or_insert_with(|| file.handle());
         let result = match kind {
             SyncKind::All => handle.sync_all(),
             SyncKind::Data => handle.sync_data(),
@@ -699,111 +975,109 @@ impl Inode {
         Some(result.map_err(|error| foliocache_capi::errno_of(&error)))
     }
 
+    /// Writes back every dirty page and waits (errors stay for the descriptions' syncs).
+    fn write_back_all(&self) {
+        if let Some(handle) = lock(&self.flusher).as_mut()
+            && handle.file().is_writable()
+        {
+            let _ = handle.sync_range(0, 0, SyncRange::ALL);
+        }
+    }
+
     /// A flush point: writes back the inode's dirty data and waits. Errors of this writeback
     /// are not reported here: each description learns of them at its next sync, as the
     /// kernel's descriptions do (a description opened after a flush point met an error is
     /// not told of it, see docs/PRELOAD.md).
     pub(crate) fn flush(&self) {
-        if let Mode::Back(back) = &self.mode
-            && self.state.load(Ordering::Acquire) != UNCACHED
-        {
-            let _ = lock(&back.flusher).sync_range(0, 0, SyncRange::ALL);
+        if self.is_back() && self.file.get().is_some_and(File::is_writable) {
+            self.write_back_all();
             stats::flushed();
         }
     }
 
-    /// Runs a change in the cache's file under the gate; `None` if the inode is not served
-    /// in write-back mode or its file is not writable (the kernel then refuses or does it).
-    fn change(&self, op: impl FnOnce(&File) -> Result<(), Error>) -> Option<Result<(), i32>> {
-        let back = self.back()?;
-        let _gate = back.gate.read().unwrap_or_else(PoisonError::into_inner);
-        if self.state.load(Ordering::Acquire) == UNCACHED || !back.file.is_writable() {
+    /// Runs a change in the cached file under the gate; `None` if the inode is not served in
+    /// write-back mode or its file is not writable (the kernel then refuses or does it).
+    fn change(
+        self: &Arc<Self>,
+        fd: RawFd,
+        op: impl FnOnce(&File) -> Result<(), Error>,
+    ) -> Option<Result<(), i32>> {
+        let file = self.back(fd)?;
+        let _gate = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+        if !self.serving.now() || !file.is_writable() {
             return None;
         }
-        let result = op(&back.file);
-        Self::changed(back);
+        let result = op(file);
+        self.changed();
         Some(result.map_err(|error| foliocache_capi::errno_of(&error)))
     }
 
-    /// `ftruncate`, `truncate`: the cache's `File::set_len` (which sets the size on storage).
-    pub(crate) fn set_len(&self, len: u64) -> Option<Result<(), i32>> {
-        self.change(|file| file.set_len(len))
+    /// `ftruncate`, `truncate`: the cached file's `set_len` (which sets the size on storage).
+    pub(crate) fn set_len(self: &Arc<Self>, fd: RawFd, len: u64) -> Option<Result<(), i32>> {
+        self.change(fd, |file| file.set_len(len))
     }
 
     /// `fallocate` without flags, `posix_fallocate`.
-    pub(crate) fn fallocate(&self, offset: u64, len: u64) -> Option<Result<(), i32>> {
-        self.change(|file| file.fallocate(offset, len))
+    pub(crate) fn fallocate(
+        self: &Arc<Self>,
+        fd: RawFd,
+        offset: u64,
+        len: u64,
+    ) -> Option<Result<(), i32>> {
+        self.change(fd, |file| file.fallocate(offset, len))
     }
 
     /// `fallocate(FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE)`.
-    pub(crate) fn punch_hole(&self, offset: u64, len: u64) -> Option<Result<(), i32>> {
-        self.change(|file| file.punch_hole(offset, len))
+    pub(crate) fn punch_hole(
+        self: &Arc<Self>,
+        fd: RawFd,
+        offset: u64,
+        len: u64,
+    ) -> Option<Result<(), i32>> {
+        self.change(fd, |file| file.punch_hole(offset, len))
     }
 
-    /// A change the cache cannot make itself (the other `fallocate` modes, a `truncate` by
-    /// path whose file the cache may not write): everything is written back, `kernel` does it,
-    /// and if `done(&result)` the cache takes the file as it is on storage now: revalidated
-    /// (a new size), and `offset..end` dropped. A range that cannot be dropped (a reader holds
-    /// it) makes the inode uncached. Without write-back mode, just `kernel()`.
+    /// A change the cache cannot make itself (the other `fallocate` modes): everything is
+    /// written back, `kernel` does it, and if `done(&result)` the cached file takes the file
+    /// as it is on storage now (every clean page dropped, the size taken). Without write-back
+    /// mode, just `kernel()`.
     pub(crate) fn around_kernel<T>(
-        &self,
-        offset: u64,
-        end: u64,
+        self: &Arc<Self>,
+        fd: RawFd,
         kernel: impl FnOnce() -> T,
         done: impl FnOnce(&T) -> bool,
     ) -> T {
-        let Some(back) = self.back() else {
+        let Some(file) = self.back(fd) else {
             return kernel();
         };
-        let gate = back.gate.read().unwrap_or_else(PoisonError::into_inner);
-        let _ = lock(&back.flusher).sync_range(0, 0, SyncRange::ALL);
+        let _gate = self.gate.read().unwrap_or_else(PoisonError::into_inner);
+        self.write_back_all();
         let out = kernel();
         if done(&out) {
-            let _ = back.file.revalidate();
-            let end = end.min(back.file.size().next_multiple_of(LARGEST_FOLIO));
-            let dropped = offset >= end || drop_range(&back.file, offset, end);
-            Self::changed(back);
-            drop(gate);
-            if !dropped {
-                self.set_uncached();
-            }
+            let _ = file.changed_outside();
+            self.changed();
         }
         out
     }
 
     /// The size the program's writes made and when they last changed the file (ns since the
-    /// epoch; 0: never), for an inode served in write-back mode. Takes no lock (the stat
-    /// calls and `lseek` ask, nested or not).
+    /// epoch; 0: never), while the cache serves the inode in write-back mode. Takes no lock
+    /// (the stat calls and `lseek` ask, nested or not).
     pub(crate) fn back_view(&self) -> Option<(u64, i64)> {
-        match &self.mode {
-            Mode::Back(back) if self.state.load(Ordering::Acquire) != UNCACHED => {
-                Some((back.file.size(), back.changed_ns.load(Ordering::Acquire)))
-            }
-            _ => None,
+        if !self.is_back() || !self.serving.now() {
+            return None;
         }
+        let file = self.file.get()?;
+        Some((file.size(), self.changed_ns.load(Ordering::Acquire)))
     }
 }
 
-/// Drops `pos..end` (rounded out to the largest folio) from `file`'s cache, waiting for reads
-/// in flight there; whether nothing is left.
-fn drop_range(file: &File, pos: u64, end: u64) -> bool {
-    let first = pos & !(LARGEST_FOLIO - 1);
-    let last = end.div_ceil(LARGEST_FOLIO) * LARGEST_FOLIO;
-    let (first_page, last_page) = (first / PAGE_SIZE as u64, last / PAGE_SIZE as u64 - 1);
-    let left = || {
-        foliocache::raw::mapping(file)
-            .index()
-            .next_present(first_page, last_page)
-            .is_some()
-    };
-    file.drop_cached(first, last - first);
-    if left() {
-        // Reads in flight there: wait for them, then drop what they brought.
-        file.wait_for_io();
-        file.drop_cached(first, last - first);
-        return !left();
+impl Drop for Inode {
+    fn drop(&mut self) {
+        if let Some(file) = self.file.get() {
+            stats::retire_file(file);
+        }
     }
-    true
 }
 
 /// Applies a `POSIX_FADV_*` access pattern to a readahead state.
@@ -817,7 +1091,7 @@ pub(crate) fn apply_advice(handle: &mut Handle, advice: i32) {
 }
 
 /// The size the kernel has for `fd`.
-fn kernel_size(fd: i32) -> Option<u64> {
+fn kernel_size(fd: RawFd) -> Option<u64> {
     let mut st = std::mem::MaybeUninit::<libc::stat64>::uninit();
     // SAFETY: fstat writes one stat struct into the valid local buffer.
     let rc = unsafe { crate::real::fstat64(fd, st.as_mut_ptr()) };

@@ -1,5 +1,5 @@
 //! Settings from the environment: `FOLIOCACHE_PATHS`, `FOLIOCACHE_CAPACITY_MB`,
-//! `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_STATS`. A bad value is one clear line
+//! `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_STATS`, `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one clear line
 //! on stderr, and the program runs uncached.
 
 use std::path::{Path, PathBuf};
@@ -17,6 +17,8 @@ pub(crate) struct Config {
     pub(crate) writes: Writes,
     /// Where to write the counters at exit.
     pub(crate) stats_path: Option<PathBuf>,
+    /// The signal lease breaks arrive with (`None`: the library chooses, see `lease`).
+    pub(crate) lease_signal: Option<i32>,
 }
 
 /// Where a program's writes to the served files go (`FOLIOCACHE_WRITES`).
@@ -88,6 +90,24 @@ impl Config {
                 ));
             }
         };
+        let lease_signal = match get("FOLIOCACHE_LEASE_SIGNAL") {
+            None => None,
+            Some(text) => {
+                let (low, high) = (libc::SIGRTMIN(), libc::SIGRTMAX());
+                Some(
+                    text.trim()
+                        .parse::<i32>()
+                        .ok()
+                        .filter(|n| (low..=high).contains(n))
+                        .ok_or_else(|| {
+                            format!(
+                                "FOLIOCACHE_LEASE_SIGNAL={text}: expected a real-time signal \
+                                 number from {low} to {high}"
+                            )
+                        })?,
+                )
+            }
+        };
         let stats_path = get("FOLIOCACHE_STATS")
             .filter(|p| !p.is_empty())
             .map(PathBuf::from);
@@ -97,6 +117,7 @@ impl Config {
             ra_bytes,
             writes,
             stats_path,
+            lease_signal,
         }))
     }
 

@@ -24,6 +24,7 @@
 
 use crate::adapter::{SyncKind, WriteAt};
 use crate::guard::{self, Entered};
+use crate::stats::Reason;
 use crate::table::{self, Description};
 use crate::{real, runtime, stats};
 use foliocache::SyncRange;
@@ -57,7 +58,6 @@ fn preferred_slot() -> usize {
 
 // ---------------------------------------------------------------------------------------------
 // Reads
-
 /// Reads `count` bytes at `pos` of a served fd into `buf`: through the cache when `outer`,
 /// else (nested) with the real pread.
 ///
@@ -420,10 +420,10 @@ const SERVED_RWF: c_int = libc::RWF_HIPRI
 /// The largest number of iovecs a vectored call takes (`IOV_MAX`).
 const IOV_MAX: usize = 1024;
 
-/// Write-back mode: a write of a served fd into the cache. `iov` holds the data;
-/// `kernel_append` is the real call, for an append through a description another process
-/// shares (only the kernel appends atomically across processes). `None`: not served in
-/// write-back mode (or not writable, or a bad buffer): the caller goes to the kernel.
+/// Write-back mode: a write of a served fd into the cache. `iov` holds the data. `None`: not
+/// served in write-back mode (or not writable, or a bad buffer): the caller goes to the
+/// kernel. (A description shared with another process makes its file pass through, see the
+/// adapter: its appends go to the kernel, which alone appends atomically across processes.)
 ///
 /// # Safety
 /// Each iovec is a readable buffer (write(2)'s contract).
@@ -432,7 +432,6 @@ unsafe fn write_back(
     fd: c_int,
     iov: &[iovec],
     place: Placement,
-    kernel_append: impl FnOnce() -> ssize_t,
 ) -> Option<ssize_t> {
     if !d.inode.is_back() || !d.writable || iov.len() > IOV_MAX {
         return None;
@@ -444,21 +443,6 @@ unsafe fn write_back(
         return Some(0); // nothing written, no offset moved (not even by O_APPEND)
     }
     let append = (place.append || d.append.load(Ordering::SeqCst)) && !place.no_append;
-    if d.shared.load(Ordering::SeqCst) {
-        // Another process may write through this description, with the kernel.
-        if append {
-            let n = d.inode.append_through_kernel(kernel_append)?;
-            if n > 0 && place.pos.is_none() {
-                // SAFETY: lseek on the program's fd, integer arguments.
-                let end = unsafe { real::lseek64(fd, 0, libc::SEEK_CUR) };
-                if end >= 0 {
-                    d.offset.store(end as u64, Ordering::SeqCst);
-                }
-            }
-            return Some(n);
-        }
-        d.inode.revalidate();
-    }
     let at = if append {
         WriteAt::Append
     } else {
@@ -485,7 +469,7 @@ unsafe fn write_back(
     let advice = d.advice.load(Ordering::Relaxed);
     let (pos, n) = match d
         .inode
-        .write(&d.handles, preferred_slot(), advice, &pieces, at)?
+        .write(fd, &d.handles, preferred_slot(), advice, &pieces, at)?
     {
         Ok(done) => done,
         Err(errno) => {
@@ -498,7 +482,7 @@ unsafe fn write_back(
     }
     if let Some(kind) = place.sync.or(d.sync_writes)
         && n > 0
-        && let Some(Err(errno)) = d.inode.sync(&d.sync, kind)
+        && let Some(Err(errno)) = d.inode.sync(fd, &d.sync, kind)
     {
         set_errno(errno);
         return Some(-1);
@@ -537,11 +521,7 @@ pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, count: size_t) -> 
     let outer = guard::enter();
     if outer.is_some() {
         // SAFETY: write(2)'s contract, passed on.
-        let served = unsafe {
-            write_back(&d, fd, &one(buf, count), Placement::at_offset(), || {
-                real::write(fd, buf, count)
-            })
-        };
+        let served = unsafe { write_back(&d, fd, &one(buf, count), Placement::at_offset()) };
         if let Some(n) = served {
             return n;
         }
@@ -574,11 +554,7 @@ pub unsafe extern "C" fn pwrite64(
     if outer.is_some() {
         let place = Placement::at(offset as u64);
         // SAFETY: pwrite(2)'s contract, passed on.
-        let served = unsafe {
-            write_back(&d, fd, &one(buf, count), place, || {
-                real::pwrite64(fd, buf, count, offset)
-            })
-        };
+        let served = unsafe { write_back(&d, fd, &one(buf, count), place) };
         if let Some(n) = served {
             return n;
         }
@@ -619,11 +595,7 @@ pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> 
         && let Some(vectors) = vectors
     {
         // SAFETY: writev(2)'s contract, passed on.
-        let served = unsafe {
-            write_back(&d, fd, vectors, Placement::at_offset(), || {
-                real::writev(fd, iov, iovcnt)
-            })
-        };
+        let served = unsafe { write_back(&d, fd, vectors, Placement::at_offset()) };
         if let Some(n) = served {
             return n;
         }
@@ -660,11 +632,7 @@ pub unsafe extern "C" fn pwritev64(
     {
         let place = Placement::at(offset as u64);
         // SAFETY: pwritev(2)'s contract, passed on.
-        let served = unsafe {
-            write_back(&d, fd, vectors, place, || {
-                real::pwritev64(fd, iov, iovcnt, offset)
-            })
-        };
+        let served = unsafe { write_back(&d, fd, vectors, place) };
         if let Some(n) = served {
             return n;
         }
@@ -708,19 +676,7 @@ pub unsafe extern "C" fn pwritev64v2(
     let kernel = || unsafe { real::pwritev64v2(fd, iov, iovcnt, offset, flags) };
     if outer.is_some() && d.inode.is_back() && flags & !SERVED_RWF != 0 {
         // A flag the cache does not serve: the kernel writes, around the cache.
-        let pos = if offset == -1 {
-            d.offset(fd)
-        } else {
-            Some(offset as u64)
-        };
-        let start = pos.unwrap_or(0);
-        let end = pos.map_or(u64::MAX, |pos| {
-            // SAFETY: pwritev2(2)'s contract.
-            let total = unsafe { vectors(iov, iovcnt) }
-                .map_or(0, |v| v.iter().map(|v| v.iov_len as u64).sum::<u64>());
-            pos.saturating_add(total)
-        });
-        return d.inode.around_kernel(start, end, kernel, |n| *n > 0);
+        return d.inode.around_kernel(fd, kernel, |n| *n > 0);
     }
     // SAFETY: pwritev2(2)'s contract.
     let vectors = unsafe { vectors(iov, iovcnt) };
@@ -733,7 +689,7 @@ pub unsafe extern "C" fn pwritev64v2(
             Placement::at(offset as u64)
         };
         // SAFETY: pwritev2(2)'s contract, passed on.
-        let served = unsafe { write_back(&d, fd, vectors, place.with_flags(flags), kernel) };
+        let served = unsafe { write_back(&d, fd, vectors, place.with_flags(flags)) };
         if let Some(n) = served {
             return n;
         }
@@ -793,7 +749,7 @@ fn resized(fd: c_int, rc: c_int) -> c_int {
         && let Some(d) = table::get(fd)
     {
         match guard::enter() {
-            Some(_outer) => d.inode.written(0, u64::MAX),
+            Some(_outer) => d.inode.changed_by_kernel(),
             None => d.inode.written_nested(),
         }
     }
@@ -808,7 +764,7 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
         && d.writable
         && len >= 0
         && let Some(_outer) = guard::enter()
-        && let Some(result) = d.inode.set_len(len as u64)
+        && let Some(result) = d.inode.set_len(fd, len as u64)
     {
         return status(result);
     }
@@ -822,16 +778,6 @@ pub unsafe extern "C" fn ftruncate64(fd: c_int, len: off64_t) -> c_int {
 pub unsafe extern "C" fn ftruncate(fd: c_int, len: off_t) -> c_int {
     // SAFETY: the same function.
     unsafe { ftruncate64(fd, len) }
-}
-
-/// Where a kernel `fallocate` of `mode` may change the file: from `offset` to `offset + len`,
-/// or (collapsing or inserting a range shifts the rest) to the end.
-fn fallocate_end(mode: c_int, offset: u64, len: u64) -> u64 {
-    if mode & (libc::FALLOC_FL_COLLAPSE_RANGE | libc::FALLOC_FL_INSERT_RANGE) != 0 {
-        u64::MAX
-    } else {
-        offset.saturating_add(len)
-    }
 }
 
 /// # Safety
@@ -855,12 +801,9 @@ pub unsafe extern "C" fn fallocate64(
         let (start, count) = (offset as u64, len as u64);
         let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
         let served = match mode {
-            0 => d.inode.fallocate(start, count),
-            _ if mode == punch => d.inode.punch_hole(start, count),
-            _ => {
-                let end = fallocate_end(mode, start, count);
-                return d.inode.around_kernel(start, end, kernel, |rc| *rc == 0);
-            }
+            0 => d.inode.fallocate(fd, start, count),
+            _ if mode == punch => d.inode.punch_hole(fd, start, count),
+            _ => return d.inode.around_kernel(fd, kernel, |rc| *rc == 0),
         };
         if let Some(result) = served {
             return status(result);
@@ -891,12 +834,11 @@ pub unsafe extern "C" fn posix_fallocate64(fd: c_int, offset: off64_t, len: off6
         && let Some(_outer) = guard::enter()
     {
         let (start, count) = (offset as u64, len as u64);
-        match d.inode.fallocate(start, count) {
+        match d.inode.fallocate(fd, start, count) {
             Some(Ok(())) => return 0,
             // No fallocate on this file system: glibc writes the blocks itself.
             Some(Err(libc::EOPNOTSUPP)) => {
-                let end = start.saturating_add(count);
-                return d.inode.around_kernel(start, end, kernel, |rc| *rc == 0);
+                return d.inode.around_kernel(fd, kernel, |rc| *rc == 0);
             }
             Some(Err(errno)) => return errno,
             None => {}
@@ -928,6 +870,11 @@ fn key_of_path(path: *const c_char) -> Option<(u64, u64)> {
 
 /// # Safety
 /// truncate(2)'s contract.
+///
+/// The kernel truncates (it checks the path's permissions). A truncate by path breaks any
+/// lease on the file, the process's own included, so a file the cache served was written
+/// back and stopped being served before the kernel truncated it; what the cache holds of it
+/// is dropped before it serves the file again.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn truncate64(path: *const c_char, len: off64_t) -> c_int {
     let key = if path.is_null() {
@@ -935,8 +882,6 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: off64_t) -> c_int 
     } else {
         key_of_path(path)
     };
-    // The kernel first: it checks the path's permissions (the cache's file may be writable
-    // through another name).
     // SAFETY: passed on unchanged.
     let rc = unsafe { real::truncate64(path, len) };
     if rc == 0
@@ -944,23 +889,7 @@ pub unsafe extern "C" fn truncate64(path: *const c_char, len: off64_t) -> c_int 
         && let Some(runtime) = runtime()
         && let Some(inode) = key.and_then(|key| runtime.find(key))
     {
-        if !inode.is_back() {
-            inode.written(0, u64::MAX);
-            return rc;
-        }
-        match inode.set_len(len as u64) {
-            Some(Ok(())) => {}
-            // The cache's file is not writable, so it holds nothing dirty: it takes the file
-            // as storage has it now.
-            None => inode.around_kernel(len as u64, u64::MAX, || (), |()| true),
-            // Refused: the cache writes everything back and leaves the file to the kernel,
-            // which truncates again after that write back.
-            Some(Err(_)) => {
-                inode.set_uncached();
-                // SAFETY: passed on unchanged, as above.
-                return unsafe { real::truncate64(path, len) };
-            }
-        }
+        inode.changed_by_kernel();
     }
     rc
 }
@@ -1099,7 +1028,7 @@ pub unsafe extern "C" fn posix_fadvise64(
                 .will_need(fd, &d.handles, preferred_slot(), pattern, offset, len);
         }
         libc::POSIX_FADV_DONTNEED => {
-            d.inode.dont_need(fd, offset as u64, len as u64);
+            d.inode.dont_need(offset as u64, len as u64);
             // The kernel's copy too (pass-through reads may have filled it).
             // SAFETY: integer arguments.
             unsafe { real::posix_fadvise64(fd, offset, len, advice) };
@@ -1156,7 +1085,7 @@ fn sync_served(fd: c_int, kind: SyncKind) -> Option<c_int> {
         return None;
     }
     let _outer = guard::enter()?;
-    d.inode.sync(&d.sync, kind).map(status)
+    d.inode.sync(fd, &d.sync, kind).map(status)
 }
 
 /// # Safety
@@ -1276,12 +1205,15 @@ fn opened(fd: c_int, flags: c_int) -> c_int {
     if !runtime.config.covers(&path) {
         return fd;
     }
-    if let Some(inode) = runtime.inode_for(fd, &st, flags) {
-        table::install(
-            fd,
-            std::sync::Arc::new(Description::new(inode, flags)),
-            false,
-        );
+    if let Some(inode) = runtime.inode_for(fd, &st) {
+        if flags & libc::O_DIRECT != 0 {
+            // The program does its own direct I/O: its writes would bypass the cache.
+            runtime.set_uncached(inode.key, Reason::ProgramDirect);
+        }
+        let description =
+            std::sync::Arc::new(Description::new(std::sync::Arc::clone(&inode), flags));
+        table::install(fd, description, false);
+        inode.opened(fd);
     }
     fd
 }
@@ -1395,7 +1327,8 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
 /// close_range(2)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
-    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 {
+    let known = (libc::CLOSE_RANGE_CLOEXEC | libc::CLOSE_RANGE_UNSHARE) as c_int;
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && flags & !known == 0 && first <= last {
         let outer = guard::enter();
         let last = last.min(table::MAX_FDS as c_uint - 1);
         for fd in first..=last {
@@ -1406,6 +1339,38 @@ pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) 
     }
     // SAFETY: integer arguments.
     unsafe { real::close_range(first, last, flags) }
+}
+
+/// # Safety
+/// closefrom(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn closefrom(first: c_int) {
+    if first >= 0 {
+        let outer = guard::enter();
+        for fd in first..table::MAX_FDS as c_int {
+            if table::get(fd).is_some() {
+                table::remove(fd, outer.is_none());
+            }
+        }
+    }
+    // SAFETY: an integer argument.
+    unsafe { real::closefrom(first) }
+}
+
+/// Before a duplication onto `new` (`dup2`, `dup3`): the kernel closes `new` if it is open, so
+/// a served `new` leaves the table first (and, if it was its file's last fd, the file's last
+/// close runs now, before the kernel's close). Not if `old` is no open fd: the call fails and
+/// `new` stays.
+fn replacing(old: c_int, new: c_int) {
+    if old == new || table::get(new).is_none() {
+        return;
+    }
+    // SAFETY: fcntl on an fd number, integer arguments.
+    if unsafe { real::fcntl(old, libc::F_GETFD, 0) } < 0 {
+        return;
+    }
+    let outer = guard::enter();
+    table::remove(new, outer.is_none());
 }
 
 /// After a duplication made `new` from `old` (or failed, `new` < 0).
@@ -1435,6 +1400,7 @@ pub unsafe extern "C" fn dup(fd: c_int) -> c_int {
 /// dup2(2)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
+    replacing(fd, new);
     // SAFETY: integer arguments.
     let rc = unsafe { real::dup2(fd, new) };
     if fd == new { rc } else { duplicated(fd, rc) }
@@ -1444,6 +1410,9 @@ pub unsafe extern "C" fn dup2(fd: c_int, new: c_int) -> c_int {
 /// dup3(2)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn dup3(fd: c_int, new: c_int, flags: c_int) -> c_int {
+    if flags & !libc::O_CLOEXEC == 0 {
+        replacing(fd, new);
+    }
     // SAFETY: integer arguments.
     duplicated(fd, unsafe { real::dup3(fd, new, flags) })
 }
@@ -1462,56 +1431,44 @@ fn fcntl_common(fd: c_int, cmd: c_int, arg: usize, rc: c_int) -> c_int {
     }
 }
 
-/// Write-back mode: a file lock or unlock of a served fd. Programs coordinate through locks
-/// (sqlite across processes): the inode is written back before any lock change (what this
-/// process wrote is on storage before another can take the lock), and revalidated after a
-/// lock is taken (what another wrote under the lock is seen). The fd's table entry is not
-/// held across `op`, which may wait for the lock as long as it takes.
-fn around_lock(fd: c_int, taking: bool, op: impl FnOnce() -> c_int) -> c_int {
-    let inode = match table::get(fd) {
-        Some(d) if d.inode.is_back() => std::sync::Arc::clone(&d.inode),
-        _ => return op(),
+/// Before `fcntl(fd, cmd, arg)` of a served fd: commands that would reach what the library
+/// set on the file's description (its lease, the owner and signal its breaks go to) or make
+/// the program's I/O bypass the cache (O_DIRECT) make the file pass through first, for the
+/// rest of the process. Locks need nothing: a file is served only while no other process can
+/// change it, so taking a lock brings no news, and the library never closes a descriptor
+/// that would drop one (see the adapter).
+fn before_fcntl(fd: c_int, cmd: c_int, arg: usize) {
+    let reaches = match cmd {
+        libc::F_SETLEASE
+        | libc::F_SETOWN
+        | crate::lease::F_SETOWN_EX
+        | crate::lease::F_SETSIG
+        | libc::F_NOTIFY => true,
+        libc::F_SETFL => arg as c_int & libc::O_DIRECT != 0,
+        _ => false,
     };
-    let Some(_outer) = guard::enter() else {
-        return op();
+    if !reaches {
+        return;
+    }
+    let Some(d) = table::get(fd) else { return };
+    let reason = if cmd == libc::F_SETFL {
+        Reason::ProgramDirect
+    } else {
+        Reason::UntrackedPath
     };
-    inode.flush();
-    let rc = op();
-    if rc == 0 && taking {
-        inode.revalidate();
+    match (guard::enter(), runtime()) {
+        (Some(_outer), Some(runtime)) => runtime.set_uncached(d.inode.key, reason),
+        _ => d.inode.mark_uncached(),
     }
-    rc
-}
-
-/// Whether `cmd` with `arg` sets a record lock, and if so whether it takes one (rather than
-/// releasing it).
-fn record_lock(cmd: c_int, arg: usize) -> Option<bool> {
-    if !matches!(
-        cmd,
-        libc::F_SETLK | libc::F_SETLKW | libc::F_OFD_SETLK | libc::F_OFD_SETLKW
-    ) {
-        return None;
-    }
-    let lock = arg as *const libc::flock;
-    if lock.is_null() {
-        return Some(false); // the kernel reports EFAULT
-    }
-    // SAFETY: for these commands fcntl(2)'s contract makes `arg` a pointer to a readable
-    // struct flock (flock64 is the same layout on 64-bit targets).
-    let kind = unsafe { std::ptr::addr_of!((*lock).l_type).read() };
-    Some(c_int::from(kind) != libc::F_UNLCK)
 }
 
 /// # Safety
 /// fcntl(2)'s contract (see the module doc for the variadic argument).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    before_fcntl(fd, cmd, arg);
     // SAFETY: passed on unchanged.
-    let call = || unsafe { real::fcntl(fd, cmd, arg) };
-    let rc = match record_lock(cmd, arg) {
-        Some(taking) => around_lock(fd, taking, call),
-        None => call(),
-    };
+    let rc = unsafe { real::fcntl(fd, cmd, arg) };
     fcntl_common(fd, cmd, arg, rc)
 }
 
@@ -1519,66 +1476,29 @@ pub unsafe extern "C" fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int {
 /// fcntl(2)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int {
+    before_fcntl(fd, cmd, arg);
     // SAFETY: passed on unchanged.
-    let call = || unsafe { real::fcntl64(fd, cmd, arg) };
-    let rc = match record_lock(cmd, arg) {
-        Some(taking) => around_lock(fd, taking, call),
-        None => call(),
-    };
+    let rc = unsafe { real::fcntl64(fd, cmd, arg) };
     fcntl_common(fd, cmd, arg, rc)
-}
-
-/// # Safety
-/// flock(2)'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn flock(fd: c_int, operation: c_int) -> c_int {
-    let taking = operation & libc::LOCK_UN == 0;
-    // SAFETY: integer arguments.
-    around_lock(fd, taking, || unsafe { real::flock(fd, operation) })
-}
-
-/// # Safety
-/// lockf(3)'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int {
-    // SAFETY: integer arguments.
-    let call = || unsafe { real::lockf64(fd, cmd, len) };
-    match cmd {
-        libc::F_LOCK | libc::F_TLOCK => around_lock(fd, true, call),
-        libc::F_ULOCK => around_lock(fd, false, call),
-        _ => call(), // F_TEST
-    }
-}
-
-/// # Safety
-/// lockf(3)'s contract.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn lockf(fd: c_int, cmd: c_int, len: off_t) -> c_int {
-    // SAFETY: the same function.
-    unsafe { lockf64(fd, cmd, len) }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Paths around the cache: mmap, copy_file_range, sendfile
 
-/// Before a mapping of a served fd. Write-through: a shared writable mapping writes behind
-/// the cache's back, so the file is not cached again. Write-back: a mapping reads the kernel's
-/// copy, so the inode is written back first; a shared mapping (even read only) would then miss
-/// the writes that go into the cache (the kernel keeps `write` and shared mappings coherent),
-/// so the inode becomes uncached (after the write back). Nested, no lock may be taken: a shared
+/// Before a mapping of a served fd. A shared mapping sees the kernel's page cache, and may
+/// write it: the file passes through for the rest of the process (the mapping may outlive
+/// every fd), after a write back in write-back mode. A private mapping reads the kernel's
+/// copy: write-back mode writes the file back first. Nested, no lock may be taken: a shared
 /// mapping only marks the inode, and the mapping may show what the kernel had.
-fn mapped(fd: c_int, prot: c_int, flags: c_int) {
+fn mapped(fd: c_int, flags: c_int) {
     let Some(d) = table::get(fd) else { return };
     let shared = flags & libc::MAP_SHARED != 0; // MAP_SHARED_VALIDATE has the bit too
-    let uncache = if d.inode.is_back() {
-        shared
-    } else {
-        shared && prot & libc::PROT_WRITE != 0
-    };
     match (guard::enter(), runtime()) {
-        (Some(_outer), Some(runtime)) if uncache => runtime.set_uncached(d.inode.key),
+        (Some(_outer), Some(runtime)) if shared => {
+            runtime.set_uncached(d.inode.key, Reason::SharedMapping);
+        }
         (Some(_outer), _) => d.inode.flush(),
-        (None, _) if uncache => d.inode.mark_uncached(),
+        (None, _) if shared => d.inode.mark_uncached(),
         (None, _) => {}
     }
 }
@@ -1594,7 +1514,7 @@ pub unsafe extern "C" fn mmap64(
     fd: c_int,
     offset: off64_t,
 ) -> *mut c_void {
-    mapped(fd, prot, flags);
+    mapped(fd, flags);
     // SAFETY: passed on unchanged.
     unsafe { real::mmap64(addr, len, prot, flags, fd, offset) }
 }
@@ -1783,27 +1703,33 @@ pub unsafe extern "C" fn execve(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    crate::before_new_program();
+    let undo = crate::before_exec();
     // SAFETY: passed on unchanged.
-    unsafe { real::execve(path, argv, envp) }
+    let rc = unsafe { real::execve(path, argv, envp) };
+    crate::after_failed_exec(undo);
+    rc
 }
 
 /// # Safety
 /// execv(3)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execv(path: *const c_char, argv: *const *const c_char) -> c_int {
-    crate::before_new_program();
+    let undo = crate::before_exec();
     // SAFETY: passed on unchanged.
-    unsafe { real::execv(path, argv) }
+    let rc = unsafe { real::execv(path, argv) };
+    crate::after_failed_exec(undo);
+    rc
 }
 
 /// # Safety
 /// execvp(3)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn execvp(file: *const c_char, argv: *const *const c_char) -> c_int {
-    crate::before_new_program();
+    let undo = crate::before_exec();
     // SAFETY: passed on unchanged.
-    unsafe { real::execvp(file, argv) }
+    let rc = unsafe { real::execvp(file, argv) };
+    crate::after_failed_exec(undo);
+    rc
 }
 
 /// # Safety
@@ -1814,10 +1740,92 @@ pub unsafe extern "C" fn execvpe(
     argv: *const *const c_char,
     envp: *const *const c_char,
 ) -> c_int {
-    crate::before_new_program();
+    let undo = crate::before_exec();
     // SAFETY: passed on unchanged.
-    unsafe { real::execvpe(file, argv, envp) }
+    let rc = unsafe { real::execvpe(file, argv, envp) };
+    crate::after_failed_exec(undo);
+    rc
 }
+
+/// # Safety
+/// fexecve(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fexecve(
+    fd: c_int,
+    argv: *const *const c_char,
+    envp: *const *const c_char,
+) -> c_int {
+    let undo = crate::before_exec();
+    // SAFETY: passed on unchanged.
+    let rc = unsafe { real::fexecve(fd, argv, envp) };
+    crate::after_failed_exec(undo);
+    rc
+}
+
+/// The argument list of `execl`, `execle` and `execlp`: variadic in C, received here as
+/// [`LIST_ARGS`] fixed pointer arguments (on x86_64 and aarch64 Linux a variadic pointer
+/// travels where a fixed one would, see the module doc). The list ends at the first null;
+/// for `execle` the environment follows it.
+const LIST_ARGS: usize = 32;
+
+/// The arguments up to the null, and what follows it; `None` if there is no null among them.
+fn arg_list(args: [*const c_char; LIST_ARGS]) -> Option<(Vec<*const c_char>, *const c_char)> {
+    let end = args.iter().position(|arg| arg.is_null())?;
+    let mut list = args[..=end].to_vec();
+    list[end] = std::ptr::null();
+    Some((list, args.get(end + 1).copied().unwrap_or(std::ptr::null())))
+}
+
+macro_rules! list_exec {
+    ($(#[$doc:meta])* $name:ident, |$path:ident, $list:ident, $after:ident| $call:expr) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The C contract of the function: a NULL-terminated list of C strings.
+        #[unsafe(no_mangle)]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            $path: *const c_char,
+            a0: *const c_char, a1: *const c_char, a2: *const c_char, a3: *const c_char,
+            a4: *const c_char, a5: *const c_char, a6: *const c_char, a7: *const c_char,
+            a8: *const c_char, a9: *const c_char, a10: *const c_char, a11: *const c_char,
+            a12: *const c_char, a13: *const c_char, a14: *const c_char, a15: *const c_char,
+            a16: *const c_char, a17: *const c_char, a18: *const c_char, a19: *const c_char,
+            a20: *const c_char, a21: *const c_char, a22: *const c_char, a23: *const c_char,
+            a24: *const c_char, a25: *const c_char, a26: *const c_char, a27: *const c_char,
+            a28: *const c_char, a29: *const c_char, a30: *const c_char,
+        ) -> c_int {
+            let all = [
+                a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17,
+                a18, a19, a20, a21, a22, a23, a24, a25, a26, a27, a28, a29, a30, std::ptr::null(),
+            ];
+            let Some(($list, $after)) = arg_list(all) else {
+                // More arguments than the library takes through this call: execv takes them.
+                set_errno(libc::E2BIG);
+                return -1;
+            };
+            let _ = $after;
+            // SAFETY: the list is the caller's NULL-terminated argument list, passed on.
+            unsafe { $call }
+        }
+    };
+}
+
+list_exec!(
+    /// `execl`: as `execv` (hooked above) with the list.
+    execl,
+    |path, list, after| execv(path, list.as_ptr())
+);
+list_exec!(
+    /// `execlp`: as `execvp` with the list.
+    execlp,
+    |path, list, after| execvp(path, list.as_ptr())
+);
+list_exec!(
+    /// `execle`: as `execve` with the list and the environment after it.
+    execle,
+    |path, list, after| execve(path, list.as_ptr(), after.cast())
+);
 
 /// # Safety
 /// posix_spawn(3)'s contract.
@@ -1830,7 +1838,7 @@ pub unsafe extern "C" fn posix_spawn(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    crate::before_new_program();
+    crate::before_spawn(!actions.is_null());
     // SAFETY: passed on unchanged.
     unsafe { real::posix_spawn(pid, path, actions, attr, argv, envp) }
 }
@@ -1846,7 +1854,7 @@ pub unsafe extern "C" fn posix_spawnp(
     argv: *const *mut c_char,
     envp: *const *mut c_char,
 ) -> c_int {
-    crate::before_new_program();
+    crate::before_spawn(!actions.is_null());
     // SAFETY: passed on unchanged.
     unsafe { real::posix_spawnp(pid, file, actions, attr, argv, envp) }
 }
@@ -1855,7 +1863,7 @@ pub unsafe extern "C" fn posix_spawnp(
 /// system(3)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
-    crate::before_new_program();
+    crate::before_spawn(false);
     // SAFETY: passed on unchanged.
     unsafe { real::system(command) }
 }
@@ -1864,9 +1872,138 @@ pub unsafe extern "C" fn system(command: *const c_char) -> c_int {
 /// popen(3)'s contract.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE {
-    crate::before_new_program();
+    crate::before_spawn(false);
     // SAFETY: passed on unchanged.
     unsafe { real::popen(command, mode) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Descriptors sent to another process (`SCM_RIGHTS`): a writable description of a served file
+// that goes over a Unix socket lets the receiver write the file unheard, as a forked child
+// could, so the file passes through from then on (see the adapter).
+
+/// The served writable descriptions among the descriptors `msg` carries.
+///
+/// # Safety
+/// `msg` is null or points to a readable msghdr whose control buffer is readable.
+unsafe fn sending(msg: *const libc::msghdr) {
+    if msg.is_null() || runtime().is_none() {
+        return;
+    }
+    let Some(_outer) = guard::enter() else {
+        return;
+    };
+    // SAFETY: the caller's promise: a readable msghdr and control buffer; the CMSG macros
+    // walk the buffer within msg_controllen.
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(msg);
+        while !header.is_null() {
+            if (*header).cmsg_level == libc::SOL_SOCKET && (*header).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(header).cast::<c_int>();
+                let bytes = (*header).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for k in 0..bytes / std::mem::size_of::<c_int>() {
+                    let fd = data.add(k).read_unaligned();
+                    if let Some(d) = table::get(fd)
+                        && d.writable
+                    {
+                        d.inode.shared_with_another_process();
+                    }
+                }
+            }
+            header = libc::CMSG_NXTHDR(msg, header);
+        }
+    }
+}
+
+/// # Safety
+/// sendmsg(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmsg(socket: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t {
+    // SAFETY: sendmsg's contract: `msg` is a readable msghdr.
+    unsafe { sending(msg) };
+    // SAFETY: passed on unchanged.
+    unsafe { real::sendmsg(socket, msg, flags) }
+}
+
+/// # Safety
+/// sendmmsg(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sendmmsg(
+    socket: c_int,
+    msgs: *mut libc::mmsghdr,
+    count: c_uint,
+    flags: c_int,
+) -> c_int {
+    if !msgs.is_null() {
+        for k in 0..count as usize {
+            // SAFETY: sendmmsg's contract: `count` readable mmsghdrs.
+            unsafe { sending(std::ptr::addr_of!((*msgs.add(k)).msg_hdr)) };
+        }
+    }
+    // SAFETY: passed on unchanged.
+    unsafe { real::sendmmsg(socket, msgs, count, flags) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Signal dispositions: the one the library hears lease breaks with becomes the program's if
+// it sets one for it (see `lease`).
+
+/// # Safety
+/// sigaction(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sigaction(
+    signum: c_int,
+    act: *const libc::sigaction,
+    old: *mut libc::sigaction,
+) -> c_int {
+    if !act.is_null() {
+        // SAFETY: sigaction(2)'s contract: a non-null `act` points to a readable sigaction.
+        crate::lease::program_set(signum, unsafe { (*act).sa_sigaction });
+    }
+    // SAFETY: passed on unchanged.
+    unsafe { real::sigaction(signum, act, old) }
+}
+
+/// # Safety
+/// signal(2)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn signal(signum: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    crate::lease::program_set(signum, handler);
+    // SAFETY: passed on unchanged.
+    unsafe { real::signal(signum, handler) }
+}
+
+/// # Safety
+/// sigset(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sigset(signum: c_int, handler: libc::sighandler_t) -> libc::sighandler_t {
+    crate::lease::program_set(signum, handler);
+    // SAFETY: passed on unchanged.
+    unsafe { real::sigset(signum, handler) }
+}
+
+/// # Safety
+/// bsd_signal(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn bsd_signal(
+    signum: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    crate::lease::program_set(signum, handler);
+    // SAFETY: passed on unchanged.
+    unsafe { real::bsd_signal(signum, handler) }
+}
+
+/// # Safety
+/// sysv_signal(3)'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn sysv_signal(
+    signum: c_int,
+    handler: libc::sighandler_t,
+) -> libc::sighandler_t {
+    crate::lease::program_set(signum, handler);
+    // SAFETY: passed on unchanged.
+    unsafe { real::sysv_signal(signum, handler) }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,35 +1,41 @@
 //! `libfoliocache_preload.so`: unmodified programs read (and, with `FOLIOCACHE_WRITES=back`,
 //! write) the files under `FOLIOCACHE_PATHS` through a private foliocache
 //! (`LD_PRELOAD=.../libfoliocache_preload.so`). docs/PRELOAD.md is the user's guide: the
-//! settings, the two write modes, and what each guarantees.
+//! settings, when a file is cached, the two write modes and which programs each is safe for.
 //!
 //! # How it fits together
 //! * `hooks` and `stdio` define the interposed symbols (`open`, `read`, `pwrite64`, `fstat`,
 //!   `fopen`...). Each looks its fd up in the `table`; an fd that is not served (and every call
-//!   made before the constructor ran, or after a fork) goes straight to libc (`real`:
-//!   `dlsym(RTLD_NEXT)`).
+//!   made before the constructor ran) goes straight to libc (`real`: `dlsym(RTLD_NEXT)`).
 //! * An intercepted fd stays a real kernel fd of the program, opened normally: `mmap`, `fstat`,
 //!   `fchmod`, locks, `fsync` all work on it. The table adds what the cache needs: the shared
 //!   file offset (dup'd fds share it), flags, readahead states and (write-back) sync handles.
 //! * `adapter` is the only module that calls foliocache's file API. Its module doc is the
-//!   coherence argument of both modes: write-through (writes go to the kernel, then the
-//!   cached range is invalidated) and write-back (writes go into the cache; the kernel is
-//!   brought up to date at flush points, and the stat calls report the cache's size).
+//!   coherence argument: a file is served only while a lease (`lease`) says no other process
+//!   can change it, through a descriptor of the library's own that it closes only inside the
+//!   program's last close of the file (so no POSIX lock of the program is ever dropped), and
+//!   the two write modes on top. `serving` is the switch between serving and passing through.
 //! * `guard`: a hook entered while its thread is already inside one (the library's own I/O,
 //!   or a signal handler that interrupted a hook) takes the *raw path*: the real call at the
 //!   offset the table keeps, no cache, no lock.
 //!
 //! # Lifecycle
 //! * The constructor reads the settings (`config`); a bad one is one line on stderr and the
-//!   program runs uncached. The cache itself is made on the first open of a file it serves.
+//!   program runs uncached. The cache itself is made on the first open of a file it serves;
+//!   the lease thread at the first lease.
 //! * fork: `pthread_atfork` handlers first write back every inode served in write-back mode
-//!   (the child reads the file through the kernel), then hold the registry locks across the
-//!   fork (so the child never inherits them locked) and write every served fd's offset back to
-//!   its kernel fd. The child forgets the parent's cache and fd table without freeing them
-//!   (their threads stayed in the parent): inherited fds pass through there, and the child's
-//!   own opens get a fresh cache.
-//! * exec (and `posix_spawn`, `system`, `popen`): the same write back and offsets first; the
-//!   new image starts with an empty table, so inherited fds pass through.
+//!   (the child reads the file through the kernel) and make every file with a writable
+//!   description pass through (the child can write through it unheard), then hold the
+//!   registry locks across the fork (so the child never inherits them locked) and write every
+//!   served fd's offset back to its kernel fd. The child closes its copies of the library's
+//!   descriptors (`own_fds`: it holds no lock yet) and forgets the parent's cache and fd table
+//!   without freeing them (their threads stayed in the parent): inherited fds pass through
+//!   there, and the child's own opens get a fresh cache.
+//! * exec (`execve`, `execv`, `execvp`, `execvpe`, `fexecve`, `execl`, `execle`, `execlp`): the
+//!   same write back and offsets first, every lease released, and the library's descriptors kept
+//!   open across the exec where the program's own are (see the adapter); the new image starts
+//!   with an empty table, so inherited fds pass through. A spawn (`posix_spawn`, `system`,
+//!   `popen`) makes a file pass through whose writable description the child inherits.
 //! * exit: in write-back mode an `atexit` handler flushes the library's own `FILE` streams,
 //!   writes back every inode and makes it uncached (what is written later in the exit goes to
 //!   the kernel). With `FOLIOCACHE_STATS`, an `atexit` handler appends the counters (`stats`),
@@ -55,19 +61,25 @@ mod config;
 mod guard;
 #[cfg(not(test))]
 mod hooks;
+mod lease;
+mod own_fds;
 mod real;
+mod serving;
 #[cfg(not(test))]
 mod stat;
 mod stats;
 #[cfg(not(test))]
 mod stdio;
 mod table;
+mod threads;
 
-use adapter::{Inode, NotCached};
+use adapter::Inode;
 use config::{Config, Writes};
 use foliocache::Cache;
+use stats::Reason;
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
@@ -99,12 +111,20 @@ pub(crate) struct Runtime {
 
 type BackMap = HashMap<(u64, u64), Weak<Inode>>;
 
+/// Inodes kept after their last fd closed (their cached pages, for the next open), at most.
+const MAX_RETAINED: usize = 1024;
+
 #[derive(Debug, Default)]
 struct Registry {
     cache: Option<Cache>,
     cache_failed: bool,
-    inodes: HashMap<(u64, u64), Weak<Inode>>,
-    /// Inodes written through paths the library cannot see: never cached again here.
+    /// Every file the program opened through the cache, by device and inode: one cached file
+    /// each, kept after the last fd closes (up to `MAX_RETAINED` of those).
+    inodes: HashMap<(u64, u64), Arc<Inode>>,
+    /// Keys of inodes whose fds all closed, oldest first.
+    retained: VecDeque<(u64, u64)>,
+    /// Inodes written through paths the library cannot see, or mapped shared: never cached
+    /// again here (kept apart: a retained inode may be let go).
     uncached: HashSet<(u64, u64)>,
     /// Devices without direct I/O.
     no_direct: HashSet<u64>,
@@ -119,6 +139,9 @@ pub(crate) fn runtime() -> Option<&'static Runtime> {
     }
 }
 
+/// tmpfs's `statfs` magic: it keeps every file in the page cache, no direct I/O.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
 impl Runtime {
     fn registry(&self) -> MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(PoisonError::into_inner)
@@ -128,35 +151,32 @@ impl Runtime {
         self.back.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The inode for a regular file under the served directories, open as `fd` with `flags`
-    /// (`None`: the fd passes through).
-    pub(crate) fn inode_for(&self, fd: i32, st: &libc::stat, flags: i32) -> Option<Arc<Inode>> {
+    /// The inode for a regular file under the served directories, open as `fd` (stat `st`):
+    /// the one the program opened before, or a new one. `None`: the fd passes through.
+    pub(crate) fn inode_for(&self, fd: RawFd, st: &libc::stat) -> Option<Arc<Inode>> {
         let key = (st.st_dev, st.st_ino);
         let writes = self.config.writes;
         let mut registry = self.registry();
-        if registry.no_direct.contains(&st.st_dev) || registry.uncached.contains(&key) {
+        if registry.no_direct.contains(&st.st_dev) {
             return None;
         }
-        if flags & libc::O_DIRECT != 0 {
-            // The program does its own direct I/O: its writes would bypass the cache.
-            drop(registry);
-            self.set_uncached(key);
-            return None;
-        }
-        if let Some(inode) = registry.inodes.get(&key).and_then(Weak::upgrade) {
-            drop(registry);
-            return match inode.reopen(fd, st, flags) {
-                Ok(()) => Some(inode),
-                Err(_) => {
-                    // Cannot serve this fd (the cache's file could not be made writable):
-                    // its writes would bypass the cache.
-                    self.set_uncached(key);
-                    None
-                }
-            };
+        if let Some(inode) = registry.inodes.get(&key) {
+            let inode = Arc::clone(inode);
+            registry.retained.retain(|retained| *retained != key);
+            return Some(inode);
         }
         if writes == Writes::Back && EXITING.load(Ordering::Acquire) {
             return None;
+        }
+        let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+        // SAFETY: fstatfs fills the valid local buffer for an fd of this process.
+        if unsafe { libc::fstatfs(fd, fs.as_mut_ptr()) } == 0 {
+            // SAFETY: fstatfs succeeded, so it filled the struct.
+            #[allow(clippy::unnecessary_cast, clippy::cast_lossless)]
+            if unsafe { fs.assume_init() }.f_type as i64 == TMPFS_MAGIC {
+                registry.no_direct.insert(st.st_dev);
+                return None;
+            }
         }
         let cache = match &registry.cache {
             Some(cache) => cache.clone(),
@@ -177,47 +197,57 @@ impl Runtime {
             .ra_bytes
             .or_else(|| config::device_read_ahead_bytes(st.st_dev))
             .unwrap_or(128 << 10);
-        match Inode::open(&cache, fd, st, flags, ra_bytes, writes) {
-            Ok(inode) => {
-                let inode = Arc::new(inode);
-                registry.inodes.retain(|_, weak| weak.strong_count() > 0);
-                registry.inodes.insert(key, Arc::downgrade(&inode));
-                if inode.is_back() {
-                    let mut back = self.back_map();
-                    back.retain(|_, weak| weak.strong_count() > 0);
-                    back.insert(key, Arc::downgrade(&inode));
-                    BACK_ENTRIES.store(back.len(), Ordering::Release);
-                }
-                Some(inode)
-            }
-            Err(NotCached::NoDirectIo) => {
-                registry.no_direct.insert(st.st_dev);
-                None
-            }
-            Err(NotCached::Failed) => {
-                // This fd passes through; its writes would bypass any later cache of the file.
-                registry.uncached.insert(key);
-                None
-            }
+        let inode = Arc::new(Inode::new(&cache, key, ra_bytes, writes));
+        if registry.uncached.contains(&key) {
+            inode.set_uncached(Reason::UntrackedPath);
         }
+        registry.inodes.insert(key, Arc::clone(&inode));
+        if inode.is_back() {
+            let mut back = self.back_map();
+            back.retain(|_, weak| weak.strong_count() > 0);
+            back.insert(key, Arc::downgrade(&inode));
+            BACK_ENTRIES.store(back.len(), Ordering::Release);
+        }
+        Some(inode)
     }
 
-    /// An inode (by key) becomes uncached for the rest of the process (in write-back mode,
-    /// after its dirty data was written back).
-    pub(crate) fn set_uncached(&self, key: (u64, u64)) {
+    /// An inode's last fd closed: it is kept (its pages serve the next open) until more than
+    /// `MAX_RETAINED` are kept; the oldest idle ones then go.
+    pub(crate) fn retain(&self, key: (u64, u64)) {
+        let mut registry = self.registry();
+        registry.retained.retain(|retained| *retained != key);
+        registry.retained.push_back(key);
+        let mut gone = Vec::new();
+        while registry.retained.len() > MAX_RETAINED {
+            let Some(oldest) = registry.retained.pop_front() else {
+                break;
+            };
+            if let Some(inode) = registry.inodes.get(&oldest)
+                && inode.idle()
+            {
+                gone.extend(registry.inodes.remove(&oldest));
+            }
+        }
+        drop(registry);
+        drop(gone); // their cached files go, outside the lock
+    }
+
+    /// An inode (by key) is never served again in this process (in write-back mode, after
+    /// its dirty data was written back).
+    pub(crate) fn set_uncached(&self, key: (u64, u64), reason: Reason) {
         let inode = {
             let mut registry = self.registry();
             registry.uncached.insert(key);
-            registry.inodes.get(&key).and_then(Weak::upgrade)
+            registry.inodes.get(&key).cloned()
         };
         if let Some(inode) = inode {
-            inode.set_uncached();
+            inode.set_uncached(reason);
         }
     }
 
-    /// The live inode for a key, if any (for `truncate(path)`).
+    /// The inode for a key, if the program opened it (for `truncate(path)`).
     pub(crate) fn find(&self, key: (u64, u64)) -> Option<Arc<Inode>> {
-        self.registry().inodes.get(&key).and_then(Weak::upgrade)
+        self.registry().inodes.get(&key).cloned()
     }
 
     /// The live inode served in write-back mode for a key, if any (for the stat calls).
@@ -234,6 +264,11 @@ impl Runtime {
             return Vec::new();
         }
         self.back_map().values().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Every inode the program opened.
+    fn all_inodes(&self) -> Vec<Arc<Inode>> {
+        self.registry().inodes.values().cloned().collect()
     }
 
     /// A flush point for the whole process: writes back every inode served in write-back
@@ -255,6 +290,80 @@ pub(crate) fn before_new_program() {
         runtime.flush_all();
     }
     table::sync_kernel_offsets();
+}
+
+/// Whether `fd` has close-on-exec set.
+fn cloexec(fd: RawFd) -> bool {
+    // SAFETY: fcntl on a descriptor of this process, integer arguments.
+    let flags = unsafe { real::fcntl(fd, libc::F_GETFD, 0) };
+    flags >= 0 && flags & libc::FD_CLOEXEC != 0
+}
+
+/// Before a program is spawned (`posix_spawn`, `system`, `popen`): as
+/// [`before_new_program`], and every file whose writable description the child inherits (an
+/// fd without close-on-exec; every one when `file_actions` may duplicate any) stops being
+/// cached: the child can write through it, and no lease tells of that.
+pub(crate) fn before_spawn(file_actions: bool) {
+    before_new_program();
+    let (Some(_outer), Some(_runtime)) = (guard::enter(), runtime()) else {
+        return;
+    };
+    let mut inherited: Vec<Arc<Inode>> = Vec::new();
+    table::for_each(|fd, d| {
+        if d.writable
+            && (file_actions || !cloexec(fd))
+            && !inherited.iter().any(|i| Arc::ptr_eq(i, &d.inode))
+        {
+            inherited.push(Arc::clone(&d.inode));
+        }
+    });
+    for inode in inherited {
+        inode.shared_with_another_process();
+    }
+}
+
+/// What an exec in this process must put back if it fails: descriptors made to survive it.
+pub(crate) struct ExecUndo(Vec<RawFd>);
+
+/// Before this process execs (`execve` and the others): the files are written back (in
+/// write-back mode), every lease goes (the new program would inherit a lease it does not
+/// know of), and the library's descriptor of a file stays open across the exec where the
+/// program's own do (none has close-on-exec): the kernel closing it at the exec would drop
+/// the program's locks on the file, which the exec keeps otherwise.
+pub(crate) fn before_exec() -> ExecUndo {
+    before_new_program();
+    let (Some(_outer), Some(runtime)) = (guard::enter(), runtime()) else {
+        return ExecUndo(Vec::new());
+    };
+    // Which files have a program fd with close-on-exec (the kernel drops their locks then).
+    let mut closing: HashSet<(u64, u64)> = HashSet::new();
+    table::for_each(|fd, d| {
+        if cloexec(fd) {
+            closing.insert(d.inode.key);
+        }
+    });
+    let mut kept = Vec::new();
+    for inode in runtime.all_inodes() {
+        for fd in inode.before_exec() {
+            if !closing.contains(&inode.key) && cloexec(fd) {
+                // SAFETY: fcntl on the library's own descriptor, integer arguments.
+                unsafe { real::fcntl(fd, libc::F_SETFD, 0) };
+                kept.push(fd);
+            }
+        }
+    }
+    lease::before_exec();
+    ExecUndo(kept)
+}
+
+/// The exec failed: the descriptors get close-on-exec back (the files pass through until
+/// their last fd closes: their leases went).
+pub(crate) fn after_failed_exec(undo: ExecUndo) {
+    for fd in undo.0 {
+        // SAFETY: fcntl on the library's own descriptor, integer arguments.
+        unsafe { real::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC as usize) };
+    }
+    lease::after_failed_exec();
 }
 
 extern "C" fn start() {
@@ -316,6 +425,8 @@ static START: extern "C" fn() = start;
 type ForkLocks = (
     MutexGuard<'static, Registry>,
     MutexGuard<'static, BackMap>,
+    MutexGuard<'static, Vec<RawFd>>,
+    MutexGuard<'static, Vec<(RawFd, lease::Kind, Weak<Inode>)>>,
     Option<guard::Entered>,
     Option<foliocache::fork::Prepared>,
 );
@@ -331,45 +442,65 @@ extern "C" fn before_fork() {
     let entered = guard::enter();
     if entered.is_some() {
         runtime.flush_all();
+        // A writable description goes to the child, which can write through it unheard.
+        for inode in runtime.all_inodes() {
+            if inode.has_writer() {
+                inode.shared_with_another_process();
+            }
+        }
     }
     let registry = runtime.registry();
     let back = runtime.back_map();
+    let own = own_fds::list();
+    let leases = lease::held();
     // The kernel fds' offsets: a child (or a program exec'd by it) reads them.
     table::sync_kernel_offsets();
     // Last: the locks every cache of the process shares (epochs, folio wait queues). Not when
     // nested (a signal handler forking): the interrupted hook may hold one of them.
     let shared = entered.as_ref().map(|_| foliocache::fork::prepare());
-    let _ = FORK_LOCK.try_with(|slot| *slot.borrow_mut() = Some((registry, back, entered, shared)));
+    let _ = FORK_LOCK
+        .try_with(|slot| *slot.borrow_mut() = Some((registry, back, own, leases, entered, shared)));
 }
 
-/// After the fork, on either side: `finish` ends the shared part, then the rest is let go.
-fn release_fork_locks(finish: fn(foliocache::fork::Prepared)) {
+/// After the fork, on either side: `finish` ends the shared part, `child` runs with the
+/// locks still held (in the child), then the rest is let go.
+fn release_fork_locks(finish: fn(foliocache::fork::Prepared), child: bool) {
     let held = FORK_LOCK
         .try_with(|slot| slot.borrow_mut().take())
         .ok()
         .flatten();
-    if let Some((registry, back, entered, shared)) = held {
+    if let Some((registry, back, mut own, mut leases, entered, shared)) = held {
         if let Some(shared) = shared {
             finish(shared);
         }
-        drop((registry, back, entered));
+        if child {
+            // The child holds no POSIX lock yet: closing its copies of the library's
+            // descriptors takes nothing from it (and a child that locks a file and then execs
+            // would lose the lock when the kernel closed them at the exec). The leases stay
+            // the parent's, heard by its lease thread.
+            own_fds::close_in_child(&mut own);
+            std::mem::forget(std::mem::take(&mut *leases));
+            lease::forget_in_child();
+        }
+        drop((registry, back, own, leases, entered));
     }
 }
 
 extern "C" fn after_fork_parent() {
-    release_fork_locks(foliocache::fork::Prepared::parent);
+    release_fork_locks(foliocache::fork::Prepared::parent, false);
 }
 
 extern "C" fn after_fork_child() {
     let Some(runtime) = runtime() else { return };
     // First: the allocator's state may be mid-change by a thread that did not come along.
     alloc::reset_in_child();
-    release_fork_locks(foliocache::fork::Prepared::child);
+    release_fork_locks(foliocache::fork::Prepared::child, true);
     let mut registry = runtime.registry();
     // The parent's cache and files belong to threads that did not come along: forget them
     // without running their destructors (which would wait for those threads).
     std::mem::forget(registry.cache.take());
     std::mem::forget(std::mem::take(&mut registry.inodes));
+    registry.retained.clear();
     drop(registry);
     std::mem::forget(std::mem::take(&mut *runtime.back_map()));
     BACK_ENTRIES.store(0, Ordering::Release);
@@ -407,7 +538,7 @@ extern "C" fn write_stats() {
     let json = stats::json(
         |each| {
             if let Some(registry) = &registry {
-                for inode in registry.inodes.values().filter_map(Weak::upgrade) {
+                for inode in registry.inodes.values() {
                     inode.with_file(&mut *each);
                 }
             }
@@ -442,6 +573,6 @@ extern "C" fn exit_flush() {
     let Some(runtime) = runtime() else { return };
     EXITING.store(true, Ordering::Release);
     for inode in runtime.back_inodes() {
-        inode.set_uncached();
+        inode.set_uncached(Reason::Exit);
     }
 }

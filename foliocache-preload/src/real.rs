@@ -31,6 +31,7 @@ macro_rules! real_functions {
             ///
             /// # Safety
             /// As the C function: the caller passes what its C signature asks for.
+            #[allow(clippy::unused_unit)] // `-> ()` for the C functions that return nothing
             pub(crate) unsafe fn $name($($arg: $ty),* $(, $var: $vty)?) -> $ret {
                 static ADDRESS: AtomicUsize = AtomicUsize::new(0);
                 let mut address = ADDRESS.load(Ordering::Relaxed);
@@ -100,8 +101,6 @@ real_functions! {
     fn splice(fd_in: c_int, off_in: *mut off64_t, fd_out: c_int, off_out: *mut off64_t, len: size_t, flags: c_uint) -> ssize_t = -1;
     fn fsync(fd: c_int) -> c_int = -1;
     fn syncfs(fd: c_int) -> c_int = -1;
-    fn flock(fd: c_int, operation: c_int) -> c_int = -1;
-    fn lockf64(fd: c_int, cmd: c_int, len: off64_t) -> c_int = -1;
     fn fstat64(fd: c_int, buf: *mut libc::stat64) -> c_int = -1;
     fn stat64(path: *const c_char, buf: *mut libc::stat64) -> c_int = -1;
     fn lstat64(path: *const c_char, buf: *mut libc::stat64) -> c_int = -1;
@@ -133,6 +132,15 @@ real_functions! {
     fn freopen(path: *const c_char, mode: *const c_char, stream: *mut libc::FILE) -> *mut libc::FILE = std::ptr::null_mut();
     fn freopen64(path: *const c_char, mode: *const c_char, stream: *mut libc::FILE) -> *mut libc::FILE = std::ptr::null_mut();
     fn ioctl(fd: c_int, request: libc::c_ulong, ...arg: usize) -> c_int = -1;
+    fn sigaction(signum: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int = -1;
+    fn signal(signum: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = libc::SIG_ERR;
+    fn sigset(signum: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = libc::SIG_ERR;
+    fn bsd_signal(signum: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = libc::SIG_ERR;
+    fn sysv_signal(signum: c_int, handler: libc::sighandler_t) -> libc::sighandler_t = libc::SIG_ERR;
+    fn closefrom(lowfd: c_int) -> () = ();
+    fn fexecve(fd: c_int, argv: *const *const c_char, envp: *const *const c_char) -> c_int = -1;
+    fn sendmsg(socket: c_int, msg: *const libc::msghdr, flags: c_int) -> ssize_t = -1;
+    fn sendmmsg(socket: c_int, msgs: *mut libc::mmsghdr, count: c_uint, flags: c_int) -> c_int = -1;
 }
 
 /// The real `sync` (it returns nothing, so it is written out here rather than in the list).

@@ -30,6 +30,8 @@ macro_rules! counters {
 }
 
 counters!(
+    leases_taken,
+    leases_broken,
     reads,
     bytes_from_cache,
     passthrough_reads,
@@ -97,6 +99,92 @@ pub(crate) fn opened_file() {
     add(&counter::files, 1);
 }
 
+/// A lease taken on a file, so the cache may serve it.
+pub(crate) fn lease_taken() {
+    add(&counter::leases_taken, 1);
+}
+
+/// A lease broken (another process's open or truncate, or the program's own).
+pub(crate) fn lease_broken() {
+    add(&counter::leases_broken, 1);
+}
+
+/// Why a file passes through to the kernel (`passthrough` in the JSON, a count per reason:
+/// each time a file starts passing through for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reason {
+    /// Open elsewhere in a way no lease allows: for writing by another process (or for
+    /// writing here beside a read-only description), or at all beside a writable one.
+    Busy,
+    /// Its lease was broken (the file passes through until a lease can be had again).
+    Broken,
+    /// A writable description of it went to another process (fork, a spawned program).
+    Inherited,
+    /// Mapped `MAP_SHARED` by the program.
+    SharedMapping,
+    /// The program's own O_DIRECT.
+    ProgramDirect,
+    /// No lease to be had: another user's file without `CAP_LEASE`, a file system without
+    /// leases, leases disabled.
+    NoLease,
+    /// The file system has no direct I/O (tmpfs).
+    NoDirectIo,
+    /// Opened write-only in write-through mode: nothing to cache.
+    WriteOnly,
+    /// No signal for lease breaks: the program uses it.
+    Signal,
+    /// Written or read through a path the library does not see (`fdopen`, fds 0-2 in
+    /// write-back mode, an fd past the table, a nested write in write-back mode, the
+    /// program's own lease or `F_SETOWN`).
+    UntrackedPath,
+    /// Its lease was released for an `exec` that failed.
+    Exec,
+    /// The process is exiting (write-back mode: what is written from now on goes to the
+    /// kernel).
+    Exit,
+}
+
+impl Reason {
+    const ALL: [Reason; 12] = [
+        Reason::Busy,
+        Reason::Broken,
+        Reason::Inherited,
+        Reason::SharedMapping,
+        Reason::ProgramDirect,
+        Reason::NoLease,
+        Reason::NoDirectIo,
+        Reason::WriteOnly,
+        Reason::Signal,
+        Reason::UntrackedPath,
+        Reason::Exec,
+        Reason::Exit,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Reason::Busy => "busy",
+            Reason::Broken => "broken",
+            Reason::Inherited => "inherited",
+            Reason::SharedMapping => "shared-mapping",
+            Reason::ProgramDirect => "program-direct",
+            Reason::NoLease => "no-lease",
+            Reason::NoDirectIo => "no-direct-io",
+            Reason::WriteOnly => "write-only",
+            Reason::Signal => "signal",
+            Reason::UntrackedPath => "untracked-path",
+            Reason::Exec => "exec",
+            Reason::Exit => "exit",
+        }
+    }
+}
+
+static PASSED: [AtomicU64; Reason::ALL.len()] = [const { AtomicU64::new(0) }; Reason::ALL.len()];
+
+/// A file started passing through, for `reason`.
+pub(crate) fn passed_through(reason: Reason) {
+    add(&PASSED[reason as usize], 1);
+}
+
 /// Reads that missed and started device reads themselves, plus the program's own readahead
 /// calls (forced fills; [`json`] takes those out again).
 fn misses_of(file: &File) -> u64 {
@@ -117,6 +205,9 @@ pub(crate) fn reset() {
     for (_, counter) in all() {
         counter.store(0, Ordering::Relaxed);
     }
+    for counter in &PASSED {
+        counter.store(0, Ordering::Relaxed);
+    }
 }
 
 /// What the cache itself counted, for [`json`].
@@ -133,8 +224,13 @@ pub(crate) fn json(
     program: &str,
 ) -> Option<String> {
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-    if get(&counter::files) == 0 {
-        return None;
+    let passed: Vec<String> = Reason::ALL
+        .iter()
+        .filter(|reason| get(&PASSED[**reason as usize]) > 0)
+        .map(|reason| format!("\"{}\":{}", reason.as_str(), get(&PASSED[*reason as usize])))
+        .collect();
+    if get(&counter::files) == 0 && passed.is_empty() {
+        return None; // no file of the served directories was opened
     }
     let (mut device_bytes, mut device_requests, mut misses) = (
         get(&counter::retired_device_bytes),
@@ -155,7 +251,8 @@ pub(crate) fn json(
          \"bytes_from_cache\":{},\"bytes_from_device\":{device_bytes},\"device_requests\":{device_requests},\
          \"passthrough_reads\":{},\"readahead_calls\":{},\"files\":{},\"evicted_pages\":{},\"writes\":{},\
          \"bytes_written_through\":{},\"bytes_written_to_cache\":{},\"writeback_pages\":{},\
-         \"syncs\":{},\"flushes\":{},\"invalidations\":{}}}\n",
+         \"syncs\":{},\"flushes\":{},\"invalidations\":{},\"leases_taken\":{},\"leases_broken\":{},\
+         \"passthrough\":{{{}}}}}\n",
         std::process::id(),
         reads.saturating_sub(misses),
         get(&counter::bytes_from_cache),
@@ -170,5 +267,8 @@ pub(crate) fn json(
         get(&counter::syncs),
         get(&counter::flushes),
         get(&counter::invalidations),
+        get(&counter::leases_taken),
+        get(&counter::leases_broken),
+        passed.join(","),
     ))
 }

@@ -177,7 +177,7 @@ fn unseen_stream(stream: *mut FILE) -> *mut FILE {
         // SAFETY: fstat succeeded.
         let st = unsafe { st.assume_init() };
         if st.st_mode & libc::S_IFMT == libc::S_IFREG {
-            runtime.set_uncached((st.st_dev, st.st_ino));
+            runtime.set_uncached((st.st_dev, st.st_ino), crate::stats::Reason::UntrackedPath);
         }
     }
     stream
@@ -247,7 +247,9 @@ pub unsafe extern "C" fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE {
         };
         let uncache = writes || d.inode.is_back();
         match (guard::enter(), runtime()) {
-            (Some(_outer), Some(runtime)) if uncache => runtime.set_uncached(d.inode.key),
+            (Some(_outer), Some(runtime)) if uncache => {
+                runtime.set_uncached(d.inode.key, crate::stats::Reason::UntrackedPath);
+            }
             (_, _) if uncache => d.inode.mark_uncached(),
             _ => {}
         }

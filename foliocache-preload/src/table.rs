@@ -18,10 +18,12 @@
 //! remover that is itself nested (a signal handler closing an fd the interrupted code was
 //! reading) does not wait and leaks the old description instead of freeing it under a reader.
 //!
-//! In write-back mode dropping a description can be its inode's last reference, whose drop
-//! writes the file back: a nested remover never does that (it could be a signal handler
-//! interrupting a thread that holds the locks writeback takes), it leaks the description
-//! instead, whose data the next flush point (fork, exec, exit) writes back.
+//! Removing the program's last fd of an inode runs the inode's last close
+//! (`Inode::last_close`: write back, release the lease, close the library's descriptor) before
+//! the caller's real close. A nested remover never does that (it could be a signal handler
+//! interrupting a thread that holds the locks writeback takes): the inode keeps its
+//! descriptor and lease, and its dirty data is written back by the flusher or the next flush
+//! point (fork, exec, exit).
 //!
 //! dup'd fds share one `Description` (one file offset, as POSIX wants). The kernel fd stays
 //! real: every intercepted fd is a normal fd of the program, so `mmap`, `fstat`, `fchmod`,
@@ -56,9 +58,14 @@ pub(crate) struct Description {
     pub(crate) sync: Mutex<Option<foliocache::Handle>>,
     /// The access-pattern advice (`posix_fadvise`) fresh readahead states start from.
     pub(crate) advice: AtomicI32,
-    /// Readahead states (and write-behind streams): (the inode's epoch they belong to, the
-    /// handle).
-    pub(crate) handles: [Mutex<Option<(u64, foliocache::Handle)>>; HANDLE_SLOTS],
+    /// Readahead states (and write-behind streams).
+    pub(crate) handles: [Mutex<Option<foliocache::Handle>>; HANDLE_SLOTS],
+}
+
+impl Drop for Description {
+    fn drop(&mut self) {
+        self.inode.description_closed(self.writable);
+    }
 }
 
 impl Description {
@@ -91,6 +98,7 @@ impl Description {
         } else {
             None
         };
+        inode.description_opened(flags);
         Self {
             sync: Mutex::new(inode.sync_handle()),
             inode,
@@ -181,7 +189,9 @@ pub(crate) fn get_arc(fd: i32) -> Option<Arc<Description>> {
 /// byte and the cache must not be written.
 pub(crate) fn install(fd: i32, description: Arc<Description>, nested: bool) {
     let uncache = |description: &Description| match crate::runtime() {
-        Some(runtime) if !nested => runtime.set_uncached(description.inode.key),
+        Some(runtime) if !nested => {
+            runtime.set_uncached(description.inode.key, crate::stats::Reason::UntrackedPath);
+        }
         _ => description.inode.mark_uncached(),
     };
     let Some(slot) = slot(fd) else {
@@ -191,6 +201,7 @@ pub(crate) fn install(fd: i32, description: Arc<Description>, nested: bool) {
     if fd <= 2 && description.inode.is_back() {
         uncache(&description);
     }
+    description.inode.fd_installed();
     let old = slot
         .description
         .swap(Arc::into_raw(description).cast_mut(), Ordering::SeqCst);
@@ -217,16 +228,14 @@ fn retire(slot: &Slot, old: *mut Description, nested: bool) {
         return;
     }
     if nested {
+        // A signal handler closing an fd: waiting for readers could deadlock (its
+        // interrupted thread may be one), and dropping the description takes its inode's
+        // lock (which that thread may hold). The description is leaked; its inode counts
+        // the fd gone but keeps its descriptor (no last close here, see the module doc).
         // SAFETY: `old` came from Arc::into_raw in `install` and is not dropped yet (this
-        // function owns the slot's reference to it).
-        let back = unsafe { &*old }.inode.is_back();
-        if back || slot.readers.load(Ordering::SeqCst) != 0 {
-            // A signal handler closing an fd its interrupted thread may be reading: waiting
-            // could deadlock, so the old description is leaked (never freed under a reader).
-            // In write-back mode its drop could write the file back, which takes locks the
-            // interrupted thread may hold: leaked too (see the module doc).
-            return;
-        }
+        // function owns the slot's reference to it, and leaks it).
+        unsafe { &*old }.inode.fd_removed();
+        return;
     }
     let mut spins = 0u32;
     while slot.readers.load(Ordering::SeqCst) != 0 {
@@ -239,7 +248,18 @@ fn retire(slot: &Slot, old: *mut Description, nested: bool) {
     }
     // SAFETY: `old` came from Arc::into_raw in `install`, the slot no longer holds it, and no
     // reader holds it any more (readers was 0 after the swap): this is its last use here.
-    drop(unsafe { Arc::from_raw(old) });
+    let old = unsafe { Arc::from_raw(old) };
+    if old.inode.fd_removed() && !nested {
+        // The program's last fd of the file: before its real close (see the module doc).
+        old.inode.last_close();
+        let key = old.inode.key;
+        drop(old);
+        if let Some(runtime) = crate::runtime() {
+            runtime.retain(key);
+        }
+        return;
+    }
+    drop(old);
 }
 
 /// Calls `each(fd, description)` for every served fd (fork handlers, stats).

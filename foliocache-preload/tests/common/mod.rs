@@ -145,6 +145,11 @@ pub(crate) struct Stats {
     pub(crate) writeback_pages: u64,
     pub(crate) syncs: u64,
     pub(crate) flushes: u64,
+    /// File leases taken and broken (by another process's open, or the program's own).
+    pub(crate) leases_taken: u64,
+    pub(crate) leases_broken: u64,
+    /// Files passed through to the kernel, by reason (`passthrough` in the JSON).
+    pub(crate) passthrough: std::collections::BTreeMap<String, u64>,
 }
 
 pub(crate) fn stats(path: &Path) -> Stats {
@@ -168,11 +173,26 @@ pub(crate) fn stats(path: &Path) -> Stats {
         sum.writeback_pages += get("writeback_pages");
         sum.syncs += get("syncs");
         sum.flushes += get("flushes");
+        // Counters a build before the lease work did not write read as zero (so a test run
+        // against it fails on its assertions, not here).
+        let optional = |key: &str| value[key].as_u64().unwrap_or(0);
+        sum.leases_taken += optional("leases_taken");
+        sum.leases_broken += optional("leases_broken");
+        if let Some(reasons) = value["passthrough"].as_object() {
+            for (reason, n) in reasons {
+                *sum.passthrough.entry(reason.clone()).or_default() += n.as_u64().unwrap_or(0);
+            }
+        }
     }
     sum
 }
 
 impl Stats {
+    /// Files passed through for `reason`.
+    pub(crate) fn passed(&self, reason: &str) -> u64 {
+        self.passthrough.get(reason).copied().unwrap_or(0)
+    }
+
     /// The writes went where the mode sends them: to the kernel (write-through), or into the
     /// cache and from there to storage (write-back).
     pub(crate) fn assert_writes_went(&self, writes: Writes) {
