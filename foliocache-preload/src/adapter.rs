@@ -952,16 +952,25 @@ impl Inode {
     }
 
     /// `fsync`, `fdatasync`, `sync_file_range` with the description's handle: its writeback
-    /// errors are reported to it once each. `None` also when the cached file is not writable
-    /// (nothing of the cache's to write: the kernel syncs what it has).
+    /// errors are reported to it once each, a write back that failed when a lease broke
+    /// included (so this goes through the handle whether or not the cache serves the file
+    /// now: the cached file's descriptor is the program's description). `None` when the
+    /// cached file is not writable (nothing of the cache's to write: the kernel syncs what it
+    /// has).
     pub(crate) fn sync(
         self: &Arc<Self>,
         fd: RawFd,
         handle: &Mutex<Option<Handle>>,
         kind: SyncKind,
     ) -> Option<Result<(), i32>> {
-        let file = self.back(fd)?;
-        if !file.is_writable() {
+        if !self.is_back() {
+            return None;
+        }
+        let serving = self.ticket(fd).is_some(); // a pending switch, or a lease to try again
+        let file = self.file.get()?;
+        if !file.is_writable() || (!serving && matches!(kind, SyncKind::Range { .. })) {
+            // (Passing through, the program's writes are the kernel's: sync_file_range is its
+            // to do. fsync and fdatasync through the handle make the kernel's durable too.)
             return None;
         }
         let mut slot = lock(handle);
