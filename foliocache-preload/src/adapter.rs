@@ -518,25 +518,6 @@ impl Inode {
         }
     }
 
-    /// The lease on `fd` was broken (on the lease thread).
-    pub(crate) fn lease_broken(&self, fd: RawFd) {
-        let mut io = lock(&self.io);
-        let Some(kind) = io.lease else { return };
-        if io.lent != Some(fd) || lease::stands(fd, kind) {
-            return; // a signal for a lease given up since, or queued twice
-        }
-        stats::lease_broken();
-        // The back-off doubles while leases break soon after they were taken.
-        let lasted = io.leased_at.map_or(Duration::ZERO, |at| at.elapsed());
-        io.backoff = if lasted > LONGEST_BACKOFF {
-            FIRST_BACKOFF
-        } else {
-            (io.backoff * 2).min(LONGEST_BACKOFF)
-        };
-        self.stop(&mut io, Reason::Broken);
-        io.retry_at = Some(Instant::now() + io.backoff);
-    }
-
     /// A file passing through: whether it is served again now (its back-off passed and a
     /// lease can be had). Takes no lock if another thread holds the inode's.
     fn retry(self: &Arc<Self>, fd: RawFd) -> bool {
@@ -1078,6 +1059,27 @@ impl Inode {
         }
         let file = self.file.get()?;
         Some((file.size(), self.changed_ns.load(Ordering::Acquire)))
+    }
+}
+
+impl lease::Holder for Inode {
+    /// The lease on `fd` was broken (on the lease thread).
+    fn lease_broken(&self, fd: RawFd) {
+        let mut io = lock(&self.io);
+        let Some(kind) = io.lease else { return };
+        if io.lent != Some(fd) || lease::stands(fd, kind) {
+            return; // a signal for a lease given up since, or queued twice
+        }
+        stats::lease_broken();
+        // The back-off doubles while leases break soon after they were taken.
+        let lasted = io.leased_at.map_or(Duration::ZERO, |at| at.elapsed());
+        io.backoff = if lasted > LONGEST_BACKOFF {
+            FIRST_BACKOFF
+        } else {
+            (io.backoff * 2).min(LONGEST_BACKOFF)
+        };
+        self.stop(&mut io, Reason::Broken);
+        io.retry_at = Some(Instant::now() + io.backoff);
     }
 }
 

@@ -32,7 +32,6 @@
 //! stops taking new leases (files opened from then on pass through), and breaks of the leases
 //! it holds still reach its thread. Before an `exec` the disposition goes back to the default.
 
-use crate::adapter::Inode;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -48,6 +47,12 @@ const F_OWNER_TID: libc::c_int = 0;
 struct OwnerEx {
     kind: libc::c_int,
     pid: libc::pid_t,
+}
+
+/// What a lease is taken for: told when the kernel breaks it (on the lease thread).
+pub(crate) trait Holder: Send + Sync {
+    /// The lease on `fd` was broken: stop using what it guarded, then [`release`] it.
+    fn lease_broken(&self, fd: RawFd);
 }
 
 /// Which lease.
@@ -93,15 +98,22 @@ static THREAD: AtomicI32 = AtomicI32::new(0);
 /// Serialises the choice of the signal and the start of the thread.
 static SETUP: Mutex<()> = Mutex::new(());
 
-/// The leases held: descriptor, kind, and the inode a break is for.
-static HELD: Mutex<Vec<(RawFd, Kind, Weak<Inode>)>> = Mutex::new(Vec::new());
+/// A lease held: its descriptor, kind, and whom a break is for.
+pub(crate) type Held = (RawFd, Kind, Weak<dyn Holder>);
 
-pub(crate) fn held() -> MutexGuard<'static, Vec<(RawFd, Kind, Weak<Inode>)>> {
+/// The leases held.
+static HELD: Mutex<Vec<Held>> = Mutex::new(Vec::new());
+
+pub(crate) fn held() -> MutexGuard<'static, Vec<Held>> {
     HELD.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Takes a lease of `kind` on `fd` for `inode`, with breaks aimed at the lease thread.
-pub(crate) fn take(fd: RawFd, kind: Kind, inode: &Arc<Inode>) -> Result<(), Refused> {
+/// Takes a lease of `kind` on `fd` for `holder`, with breaks aimed at the lease thread.
+pub(crate) fn take<H: Holder + 'static>(
+    fd: RawFd,
+    kind: Kind,
+    holder: &Arc<H>,
+) -> Result<(), Refused> {
     if SIGNAL_TAKEN.load(Ordering::Acquire) {
         return Err(Refused::NoSignal);
     }
@@ -119,7 +131,8 @@ pub(crate) fn take(fd: RawFd, kind: Kind, inode: &Arc<Inode>) -> Result<(), Refu
         });
     }
     // Known before the owner is set: a break from then on finds its inode.
-    held().push((fd, kind, Arc::downgrade(inode)));
+    let holder: Arc<dyn Holder> = Arc::clone(holder) as Arc<dyn Holder>;
+    held().push((fd, kind, Arc::downgrade(&holder)));
     let owner = OwnerEx {
         kind: F_OWNER_TID,
         pid: thread,
@@ -323,13 +336,13 @@ unsafe fn sigio_fd(info: *const libc::siginfo_t) -> RawFd {
     unsafe { (*info.cast::<SigPoll>()).fd }
 }
 
-/// A break arrived for `fd`: its inode stops serving and releases the lease.
+/// A break arrived for `fd`: its holder stops using the file and releases the lease.
 fn broken(fd: RawFd) {
-    let inode = held()
+    let holder = held()
         .iter()
         .find(|(held, _, _)| *held == fd)
-        .and_then(|(_, _, inode)| inode.upgrade());
-    if let Some(inode) = inode {
-        inode.lease_broken(fd);
+        .and_then(|(_, _, holder)| holder.upgrade());
+    if let Some(holder) = holder {
+        holder.lease_broken(fd);
     }
 }

@@ -426,7 +426,7 @@ type ForkLocks = (
     MutexGuard<'static, Registry>,
     MutexGuard<'static, BackMap>,
     MutexGuard<'static, Vec<RawFd>>,
-    MutexGuard<'static, Vec<(RawFd, lease::Kind, Weak<Inode>)>>,
+    MutexGuard<'static, Vec<lease::Held>>,
     Option<guard::Entered>,
     Option<foliocache::fork::Prepared>,
 );
