@@ -10,7 +10,7 @@ use crate::mapping::Mapping;
 use crate::mem::{MAX_ORDER, METADATA_BYTES_PER_PAGE, Memory, PAGE_SHIFT, PAGE_SIZE};
 use crate::opened::{FileTable, Opened};
 use crate::policy::Policy;
-use crate::readahead::DEFAULT_RA_PAGES;
+use crate::readahead::{DEFAULT_RA_PAGES, MAX_READAHEAD_BYTES};
 use crate::reclaim::{Reclaim, ReclaimStats};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -294,10 +294,6 @@ impl CacheBuilder {
     }
 }
 
-/// The largest readahead window (and device request, `max_io_bytes`) a cache accepts: 1 GiB.
-/// [`Handle::set_ra_bytes`](crate::Handle::set_ra_bytes) clamps to it.
-pub const MAX_READAHEAD_BYTES: u64 = 1 << 30;
-
 /// The largest single read request (`io_request_bytes`): 64 MiB.
 const MAX_REQUEST_BYTES: u64 = 64 << 20;
 
@@ -572,7 +568,7 @@ impl Cache {
         max_order: Option<u8>,
     ) -> Result<File, Error> {
         let max_order = self.checked_order(max_order)?;
-        if backend.size() > crate::MAX_FILE_SIZE {
+        if backend.size() > crate::memfile::MAX_FILE_SIZE {
             return Err(Error::FileTooLarge {
                 offset: backend.size(),
             });

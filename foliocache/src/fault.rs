@@ -117,7 +117,7 @@ impl Region {
     /// [`MAX_READAHEAD_BYTES`](crate::MAX_READAHEAD_BYTES); 0 disables readahead for this
     /// region).
     pub fn set_ra_bytes(&mut self, bytes: u64) {
-        self.ra.ra_pages = bytes.min(crate::MAX_READAHEAD_BYTES) >> PAGE_SHIFT;
+        self.ra.ra_pages = bytes.min(crate::readahead::MAX_READAHEAD_BYTES) >> PAGE_SHIFT;
     }
 
     /// Faults page `index` of the file (`filemap_fault`): returns its folio, uptodate and

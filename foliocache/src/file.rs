@@ -398,7 +398,7 @@ impl File {
         &self,
         fd: std::os::fd::OwnedFd,
         write: bool,
-    ) -> Result<crate::Revalidated, crate::DescriptorRefused> {
+    ) -> Result<crate::inode::Revalidated, crate::error::DescriptorRefused> {
         self.inner.attach_descriptor(fd, write)
     }
 
@@ -415,7 +415,7 @@ impl File {
     /// The caller changed the file on storage in ways it cannot name (a truncation, an
     /// `fallocate` mode the cache does not do): every clean page is dropped and the size taken
     /// from storage, as a [`revalidate`](Self::revalidate) that found a change.
-    pub fn changed_outside(&self) -> Result<crate::Revalidated, Error> {
+    pub fn changed_outside(&self) -> Result<crate::inode::Revalidated, Error> {
         self.inner.changed_outside()
     }
 
@@ -621,7 +621,7 @@ impl Handle {
     /// [`MAX_READAHEAD_BYTES`](crate::MAX_READAHEAD_BYTES); 0 disables readahead), and makes
     /// it the one `Advice::Normal` restores.
     pub fn set_ra_bytes(&mut self, bytes: u64) {
-        self.ra.ra_pages = bytes.min(crate::MAX_READAHEAD_BYTES) >> PAGE_SHIFT;
+        self.ra.ra_pages = bytes.min(crate::readahead::MAX_READAHEAD_BYTES) >> PAGE_SHIFT;
         self.ra.default_ra_pages = self.ra.ra_pages;
     }
 

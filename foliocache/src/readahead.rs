@@ -28,6 +28,10 @@ use crate::policy::InsertPolicy;
 use crate::stats::RaCounters;
 use std::sync::Arc;
 
+/// The largest readahead window (and device request, `max_io_bytes`) a cache accepts: 1 GiB.
+/// [`Handle::set_ra_bytes`](crate::Handle::set_ra_bytes) clamps to it.
+pub const MAX_READAHEAD_BYTES: u64 = 1 << 30;
+
 /// The kernel's default maximum window (`VM_READAHEAD_PAGES`): 128 KiB.
 pub const DEFAULT_RA_PAGES: u64 = 32;
 /// The forced path reads in chunks of this many pages (2 MiB).

@@ -282,7 +282,7 @@ impl Inode {
     /// Reads of those pages then come from storage; a read issued meanwhile zeroes what lies
     /// past the file's size (see `ReadRequest`). Growing sets the size on storage (a hole).
     pub(crate) fn disk_set_len(self: &Arc<Self>, len: u64) -> Result<(), Error> {
-        if len > crate::MAX_FILE_SIZE {
+        if len > crate::memfile::MAX_FILE_SIZE {
             return Err(Error::FileTooLarge { offset: len });
         }
         let disk = self.disk().ok_or(Error::NotADiskFile)?;

@@ -28,6 +28,7 @@ pub(crate) mod node;
 pub(crate) mod reclaim;
 
 use crate::error::Error;
+use crate::mem::NodeMeter;
 use crate::sync::unmodelled::{AtomicUsize as StatUsize, Ordering as StatOrdering};
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
 use node::{CHUNK, CHUNK_SHIFT, MARKS, Node, is_node};
@@ -51,30 +52,6 @@ pub struct Index {
     nodes: StatUsize,
     node_limit: usize,
     meter: Arc<NodeMeter>,
-}
-
-/// Counts the index nodes allocated and not yet freed by every index sharing it (a cache's
-/// mappings share one, so the cache's memory budget can charge them). A node an index unlinked
-/// still counts until the readers that might see it are gone and it is really freed.
-#[derive(Debug, Default)]
-pub struct NodeMeter {
-    nodes: StatUsize,
-}
-
-impl NodeMeter {
-    /// Nodes allocated and not yet freed.
-    pub fn nodes(&self) -> usize {
-        self.nodes.load(StatOrdering::Relaxed)
-    }
-
-    /// Their bytes.
-    pub fn bytes(&self) -> usize {
-        self.nodes() * NODE_BYTES
-    }
-
-    fn freed(&self, nodes: usize) {
-        self.nodes.fetch_sub(nodes, StatOrdering::Relaxed);
-    }
 }
 
 impl std::fmt::Debug for Node {
@@ -304,7 +281,7 @@ impl Drop for Index {
             // SAFETY: `&mut self`: no reader or writer can be inside the tree; every linked node
             // came from `Box::into_raw` and is reachable exactly once from the root.
             let freed = unsafe { free_subtree(root as *mut Node) };
-            self.meter.freed(freed);
+            self.meter.credit(freed * NODE_BYTES);
         }
     }
 }
@@ -1094,7 +1071,7 @@ impl IndexWriter<'_> {
 
     fn new_node(&self, shift: u8) -> *mut Node {
         self.index.nodes.fetch_add(1, StatOrdering::Relaxed);
-        self.index.meter.nodes.fetch_add(1, StatOrdering::Relaxed);
+        self.index.meter.charge(NODE_BYTES);
         Box::into_raw(Box::new(Node::new(shift)))
     }
 

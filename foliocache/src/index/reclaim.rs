@@ -8,8 +8,9 @@
 //! own cache line, which the lock-free read side needs (seed 002's benchmark is exactly many
 //! threads reading one file). We never pin across I/O.
 
-use super::NodeMeter;
+use super::NODE_BYTES;
 use super::node::Node;
+use crate::mem::NodeMeter;
 pub(crate) use crate::mem::epoch::{Guard, pin};
 use std::sync::Arc;
 
@@ -40,6 +41,6 @@ pub(crate) unsafe fn retire(_guard: &Guard, node: *mut Node, meter: Arc<NodeMete
         // SAFETY: per this function's contract the node came from `Box::into_raw` and is retired
         // once; the epoch runs this only after every reader that could reach it has unpinned.
         drop(unsafe { Box::from_raw(ptr) });
-        meter.freed(1);
+        meter.credit(NODE_BYTES);
     });
 }

@@ -76,7 +76,7 @@ impl Engine {
     }
 }
 
-/// How a [`DirectFile`] reads.
+/// How a file opened from storage reads (`raw::DirectFile::mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IoMode {
     /// O_DIRECT: the device writes straight into the cache's folios.
@@ -97,7 +97,7 @@ pub enum IoMode {
 pub struct OpenOptions {
     pub(crate) buffered_fallback: bool,
     pub(crate) max_order: Option<u8>,
-    pub(crate) insert: Option<crate::InsertPolicy>,
+    pub(crate) insert: Option<crate::policy::InsertPolicy>,
     pub(crate) shared: bool,
     pub(crate) revalidate: bool,
     pub(crate) write: bool,
@@ -178,7 +178,7 @@ impl OpenOptions {
 
     /// How readahead inserts this file's folios (default: the cache's policy). Two files
     /// opened on one path with different policies compare them on the same memory.
-    pub fn insert_policy(mut self, insert: crate::InsertPolicy) -> Self {
+    pub fn insert_policy(mut self, insert: crate::policy::InsertPolicy) -> Self {
         self.insert = Some(insert);
         self
     }

@@ -34,12 +34,39 @@ use grace::Grace;
 pub(crate) use grace::ReadGuard;
 use refcount::RefcountPolicy;
 
-use crate::index::NodeMeter;
 use crate::sync::unmodelled::AtomicUsize as StatUsize;
 use crate::sync::{Mutex, Ordering, fence};
 use lru::Lru;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Counts the bytes of index nodes allocated and not yet freed by every index sharing it (a
+/// cache's mappings share one, so the cache's memory budget can charge them). A node an index
+/// unlinked still counts until the readers that might see it are gone and it is really freed.
+/// Here, below the index, so that the memory the budget charges is all the memory layer's.
+#[derive(Debug, Default)]
+pub struct NodeMeter {
+    bytes: StatUsize,
+}
+
+impl NodeMeter {
+    /// Bytes of nodes allocated and not yet freed.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(crate::sync::unmodelled::Ordering::Relaxed)
+    }
+
+    /// A node of `bytes` was allocated.
+    pub(crate) fn charge(&self, bytes: usize) {
+        self.bytes
+            .fetch_add(bytes, crate::sync::unmodelled::Ordering::Relaxed);
+    }
+
+    /// Nodes of `bytes` in all were freed.
+    pub(crate) fn credit(&self, bytes: usize) {
+        self.bytes
+            .fetch_sub(bytes, crate::sync::unmodelled::Ordering::Relaxed);
+    }
+}
 
 /// Size of a page, the unit of the arena and of page indexes.
 pub const PAGE_SIZE: usize = 4096;
