@@ -34,9 +34,14 @@
 //! ```
 //!
 //! The machinery underneath (mappings, the index, folio locks, the device probe, fault
-//! injection) is in [`raw`], for benchmarks, tests and tools.
+//! injection) is in `foliocache::raw`, behind the `internals` feature: for the project's own
+//! benchmarks, tests and tools, not part of the stable API.
 
 #![deny(missing_docs)]
+// Without the `internals` feature, what only `raw` exposes (index walks, folio guards, the
+// probe...) is unused: not dead, unexported. The workspace's own builds turn the feature on
+// (fcache, the tests), and there unused code is still reported.
+#![cfg_attr(not(feature = "internals"), allow(dead_code, unreachable_pub))]
 
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("foliocache needs a 64-bit target");
@@ -58,6 +63,7 @@ mod mem;
 mod memfile;
 mod opened;
 mod policy;
+#[cfg(feature = "internals")]
 pub mod raw;
 mod read;
 mod readahead;
@@ -68,7 +74,7 @@ mod wbstate;
 mod write;
 mod writeback;
 
-pub use cache::{Cache, CacheBuilder, MAX_READAHEAD_BYTES, Stats};
+pub use cache::{Cache, CacheBuilder, Stats};
 pub use dirty::DirtyStats;
 pub use error::{DescriptorRefused, Error};
 pub use fault::{Fault, Region, RegionHint};
@@ -83,6 +89,6 @@ pub use policy::{
     WritebackErrorPolicy,
 };
 pub use read::{MAX_READ_RUN, ReadRun, SMALL_READ_MAX, Slice};
-pub use readahead::RaState;
+pub use readahead::{MAX_READAHEAD_BYTES, RaState};
 pub use reclaim::ReclaimStats;
 pub use stats::RaStats;

@@ -44,14 +44,14 @@ use std::sync::atomic::Ordering;
 pub use crate::fault::MMAP_LOTSAMISS;
 pub use crate::index::{
     Cursor, Entry, Index, IndexView, IndexWriter, MAX_ENTRY_ORDER, MAX_VALUE, Mark, NODE_BYTES,
-    NodeMeter, RangeInsert, RangeStop,
+    RangeInsert, RangeStop,
 };
 pub use crate::io::probe;
 pub use crate::io::{DEFAULT_REQUEST_BYTES, DirectFile};
 pub use crate::mapping::{
     BATCH_SIZE, BatchEnd, FolioBatch, Mapping, MappingView, OPTIMISTIC_MAX, RangeAdd, RemoveError,
 };
-pub use crate::mem::{LockedFolio, NewFolio, flag};
+pub use crate::mem::{LockedFolio, NewFolio, NodeMeter, flag};
 pub use crate::readahead::{DEFAULT_RA_PAGES, Trigger, init_ra_size, next_ra_size};
 
 /// The folio reference count and its two protocols (seed 002).
@@ -84,12 +84,12 @@ pub fn mapping(file: &File) -> MappingView<'_> {
 }
 
 /// Takes a folio's lock (sleeping while another holder has it) and returns the guard.
-pub fn lock<'m>(folio: &crate::FolioRef<'m>) -> LockedFolio<'m> {
+pub fn lock<'m>(folio: &crate::mem::FolioRef<'m>) -> LockedFolio<'m> {
     folio.lock()
 }
 
 /// Takes a folio's lock if it is free.
-pub fn try_lock<'m>(folio: &crate::FolioRef<'m>) -> Option<LockedFolio<'m>> {
+pub fn try_lock<'m>(folio: &crate::mem::FolioRef<'m>) -> Option<LockedFolio<'m>> {
     folio.try_lock()
 }
 

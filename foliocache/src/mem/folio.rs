@@ -163,7 +163,7 @@ impl FolioDesc {
 /// A reference pins the folio's memory, not its place in a mapping: a referenced folio can still
 /// be truncated out of its mapping (its [`mapping_id`](Self::mapping_id) then reads 0). It gives
 /// read-only access: the bytes once uptodate, the folio's identity and flags. Filling a folio
-/// takes its lock, which only a [`LockedFolio`] guard holds.
+/// takes its lock, which only a `LockedFolio` guard holds.
 pub struct FolioRef<'m> {
     pub(crate) mem: &'m Memory,
     pub(crate) pfn: u32,
@@ -346,7 +346,7 @@ impl<'m> FolioRef<'m> {
 
 impl Clone for FolioRef<'_> {
     /// Takes another reference. Like `Arc::clone`, it aborts the process if the count would
-    /// reach [`MAX_REFS`](super::refcount::MAX_REFS): only leaked references (forgotten
+    /// reach `MAX_REFS` (the refcount module's): only leaked references (forgotten
     /// clones) can get there, and going on would set the frozen bit or wrap the count.
     fn clone(&self) -> Self {
         self.desc().refcount.get();
