@@ -62,7 +62,9 @@ pub mod refcount {
 /// The crate's epochs (what keeps index nodes and folio memory from being reused under a
 /// lockless reader).
 pub mod epoch {
-    pub use crate::mem::epoch::*;
+    #[cfg(loom)]
+    pub use crate::mem::epoch::AccessTracker;
+    pub use crate::mem::epoch::{Guard, collect, defer, epoch, is_pinned, pending, pin};
 }
 
 /// A new, empty mapping (one file's index) in `cache`'s memory, attached to no file.
