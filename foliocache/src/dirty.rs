@@ -1,6 +1,7 @@
 //! Dirty memory control: how much of the cache may be dirty, the background flusher that
 //! writes it out, and the throttling of writers (`mm/page-writeback.c`'s
-//! `balance_dirty_pages`, `fs/fs-writeback.c`'s flusher; `kernel-write-path.md` §3.1, §4).
+//! `balance_dirty_pages`, `fs/fs-writeback.c`'s flusher; `docs/KERNEL.md`, "When writeback
+//! runs" and "Dirty throttling").
 //!
 //! Thresholds are fractions of the cache's arena (the kernel's are of its dirtyable memory,
 //! which the cache is): past the *background* threshold the flusher writes dirty files out;

@@ -1,5 +1,6 @@
 //! Mapped (fault-style) access: the kernel's `filemap_fault` and its readahead
-//! (`kernel-read-path.md` §4.10), including seed 001's exec folio order.
+//! (`docs/KERNEL.md`, "Page faults: read-around and the exec folio order"), including seed
+//! 001's exec folio order.
 //!
 //! A [`Region`] is the analogue of a VMA: a page range of a file plus a [`RegionHint`]. A caller
 //! faults pages by index ([`Region::fault`]) and gets the folio back referenced and uptodate.

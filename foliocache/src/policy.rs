@@ -1,5 +1,6 @@
-//! The runtime choices between each optimisation's "before" and "after" (DESIGN.md: policies,
-//! not forks). The default of every choice is the better one.
+//! The runtime choices between each optimisation's "before" and "after" (policies, not forks:
+//! `docs/KERNEL.md`, "The seeds and their policies"). The default of every choice is the better
+//! one.
 
 use crate::error::Error;
 use crate::mem::MAX_ORDER;

@@ -1,4 +1,4 @@
-//! The read path, shared by every kind of file (DESIGN.md's data flow).
+//! The read path, shared by every kind of file (`docs/KERNEL.md`, "Data flow of a read").
 //!
 //! `ReadPolicy::Batched` (seed 004, the default): take a batch of up to 31 contiguous folios
 //! per index walk ([`Mapping::get_read_batch`]); copy uptodate folios; for holes and folios
@@ -332,9 +332,9 @@ pub(crate) fn read_folios(file: &Inode, pos: u64, len: usize) -> Result<ReadRun<
 
 const _: () = assert!(PAGE_SIZE <= ZEROS.len());
 
-/// Reads from a file backed by storage: the kernel's `filemap_read` (spec §5.1–5.6). Misses
-/// start readahead and wait for the device; a folio carrying the READAHEAD mark starts the
-/// next window before its own bytes are waited for.
+/// Reads from a file backed by storage: the kernel's `filemap_read` (`docs/KERNEL.md`, "The
+/// buffered read"). Misses start readahead and wait for the device; a folio carrying the
+/// READAHEAD mark starts the next window before its own bytes are waited for.
 pub(crate) fn read_disk(
     file: &Arc<Inode>,
     ra: &mut RaState,

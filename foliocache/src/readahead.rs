@@ -1,5 +1,5 @@
-//! Readahead: the kernel's ondemand algorithm (newest form, `kernel-read-path.md` §4) and the
-//! window fill, batched (seed 000/003) or one folio per lock hold.
+//! Readahead: the kernel's ondemand algorithm (newest form, `docs/KERNEL.md`, "Readahead") and
+//! the window fill, batched (seed 000/003) or one folio per lock hold.
 //!
 //! The decisions are pure functions of a reader's [`RaState`], the request and what the index
 //! holds (through `Probe`): `sync_ra` on a miss, `async_ra` on a folio carrying the READAHEAD
@@ -1086,7 +1086,7 @@ mod tests {
 
     #[test]
     fn init_and_next_sizes_match_the_spec_tables() {
-        // kernel-read-path.md §4.3, max = 32 pages.
+        // docs/KERNEL.md, "Window sizes", max = 32 pages.
         let init: Vec<u64> = (1..=10).map(|req| init_ra_size(req, 32)).collect();
         assert_eq!(init, [4, 4, 8, 8, 16, 16, 16, 16, 32, 32]);
         assert_eq!(next_ra_size(1, 32), 4);

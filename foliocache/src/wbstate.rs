@@ -123,7 +123,7 @@ mod tests {
 
     #[test]
     fn errseq_follows_the_kernels_worked_example() {
-        // kernel-write-path.md §6.2, EIO = 5.
+        // docs/KERNEL.md, "Writeback errors", worked example; EIO = 5.
         let wb = ErrSeq::default();
         let (mut a, mut b) = (wb.sample(), wb.sample());
         assert_eq!((a, b), (0, 0));

@@ -1,5 +1,6 @@
 //! Writes to files from storage: the kernel's `generic_perform_write` with `write_begin` and
-//! `write_end` (`kernel-write-path.md` §1), truncation (§7), and hole punching.
+//! `write_end` (`docs/KERNEL.md`, "Writing"), truncation and hole punching ("Truncation and
+//! hole punching").
 //!
 //! # A write
 //! A write is cut into pieces, one per folio it touches. For each piece:
@@ -274,13 +275,14 @@ impl Inode {
         }
     }
 
-    /// Sets the size of a file from storage (truncation and extension, `kernel-write-path.md`
-    /// §7). Shrinking: the folio holding the new end is written back first if dirty, then
-    /// (with no writeback pass in flight, and no writer) the size is published, set on
-    /// storage (`ftruncate`: storage zeroes past it), and every folio from the page holding
-    /// the new end on is dropped, dirty ones with their data as the kernel's truncation does.
-    /// Reads of those pages then come from storage; a read issued meanwhile zeroes what lies
-    /// past the file's size (see `ReadRequest`). Growing sets the size on storage (a hole).
+    /// Sets the size of a file from storage (truncation and extension, `docs/KERNEL.md`,
+    /// "Truncation and hole punching"). Shrinking: the folio holding the new end is written
+    /// back first if dirty, then (with no writeback pass in flight, and no writer) the size
+    /// is published, set on storage (`ftruncate`: storage zeroes past it), and every folio
+    /// from the page holding the new end on is dropped, dirty ones with their data as the
+    /// kernel's truncation does. Reads of those pages then come from storage; a read issued
+    /// meanwhile zeroes what lies past the file's size (see `ReadRequest`). Growing sets the
+    /// size on storage (a hole).
     pub(crate) fn disk_set_len(self: &Arc<Self>, len: u64) -> Result<(), Error> {
         if len > crate::memfile::MAX_FILE_SIZE {
             return Err(Error::FileTooLarge { offset: len });

@@ -1,5 +1,6 @@
 //! Writeback: dirty folios to storage, and the kernel's error semantics (`mm/page-writeback.c`,
-//! `fs/fs-writeback.c`, `lib/errseq.c`; `kernel-write-path.md` §2–6).
+//! `fs/fs-writeback.c`, `lib/errseq.c`; `docs/KERNEL.md`, from "Dirty state and marks" to
+//! "Writeback errors").
 //!
 //! # Folio states and who changes them
 //! A folio is dirty (DIRTY flag, Dirty mark) from the write that made it until a writeback pass
@@ -7,9 +8,10 @@
 //! and then clean, or dirty again if the write failed and [`WritebackErrorPolicy::KeepDirty`]
 //! keeps its data. Every one of these changes happens under the mapping's writer lock,
 //! together with the marks, so flag and mark agree whenever the lock is free (the kernel's
-//! invariants 3 and 4 hold without its exception). Writes never change a folio in place: they
-//! copy it (`Mapping::replace_dirty`), and wait for a folio under writeback before copying it,
-//! so the bytes of a folio under writeback are stable and its write sees one version.
+//! invariants 3 and 4, `docs/KERNEL.md` "Invariants of the write path", hold without its
+//! exception). Writes never change a folio in place: they copy it (`Mapping::replace_dirty`),
+//! and wait for a folio under writeback before copying it, so the bytes of a folio under
+//! writeback are stable and its write sees one version.
 //!
 //! # A pass
 //! [`write_back`] is one pass over a range of one file, at most one at a time per file (the

@@ -1,6 +1,6 @@
 //! Mapped access: fault windows for each hint against hand-computed expectations
-//! (kernel-read-path.md §4.10), the exec folio order's alignment and region bounds, edges, and
-//! concurrent faults.
+//! (docs/KERNEL.md, "Page faults: read-around and the exec folio order"), the exec folio
+//! order's alignment and region bounds, edges, and concurrent faults.
 
 mod common;
 

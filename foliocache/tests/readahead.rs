@@ -1,5 +1,5 @@
-//! Readahead decisions, traced through real reads on a test backend (kernel-read-path.md §4.6),
-//! and the read path's behaviour on files read from a backend.
+//! Readahead decisions, traced through real reads on a test backend (docs/KERNEL.md, "Worked
+//! traces"), and the read path's behaviour on files read from a backend.
 
 mod common;
 
@@ -94,7 +94,8 @@ fn trace_without_large_folios_matches_the_spec() {
         );
         let (file, _) = open(&cache, 1024, 0);
         let rows = trace(&file, 92);
-        // §4.6, first table: ra->order oscillates 0 → 2 → 0 (recorded after the fill: 0).
+        // "Worked traces", first table: ra->order oscillates 0 → 2 → 0 (recorded after the
+        // fill: 0).
         let expected = [
             row(0, (0, 4), 0, 1),
             row(1, (4, 12), 0, 4),
@@ -126,7 +127,7 @@ fn trace_with_large_folios_matches_the_spec() {
         );
         let (file, _) = open(&cache, 1024, 9);
         let rows = trace(&file, 97);
-        // §4.6, second table.
+        // "Worked traces", second table.
         let expected = [
             row(0, (0, 4), 0, 1),
             row(1, (4, 12), 2, 4),

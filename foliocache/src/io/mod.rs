@@ -34,7 +34,8 @@ use std::sync::Arc;
 
 /// The default largest single I/O readahead submits: a window is split into requests of at most
 /// this many bytes, so a large window keeps several I/Os in flight (the device here did best at
-/// 128 KiB and queue depth 32 in `baselines.md` §6). `CacheBuilder::io_request_bytes` changes it.
+/// 128 KiB and queue depth 32: `docs/BENCHMARKS.md`, "Baseline: the disk").
+/// `CacheBuilder::io_request_bytes` changes it.
 pub const DEFAULT_REQUEST_BYTES: usize = 128 << 10;
 
 /// The most I/O vectors one request may have (the kernel's `UIO_MAXIOV`: a `readv` with more
