@@ -1,4 +1,5 @@
-//! `fcache replay` end to end: the windows it reports are the spec's (§4.6, first rows).
+//! `fcache replay` end to end: the windows it reports are those of docs/KERNEL.md's "Worked
+//! traces" (the first rows).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
