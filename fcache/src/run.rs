@@ -36,8 +36,10 @@ pub(crate) struct RunArgs {
 }
 
 /// Where the preload library is: `explicit`, else `$FOLIOCACHE_PRELOAD`, else next to the
-/// running binary (cargo puts both in target/<profile>/).
+/// running binary (cargo puts both in target/<profile>/). When it is not there and this
+/// fcache runs from the checkout it was built in, it is built first (one line says so).
 pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    let automatic = explicit.is_none() && std::env::var_os("FOLIOCACHE_PRELOAD").is_none();
     let candidate = match explicit {
         Some(path) => path.to_path_buf(),
         None => match std::env::var_os("FOLIOCACHE_PRELOAD") {
@@ -47,6 +49,9 @@ pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
                 .with_file_name(PRELOAD_LIB),
         },
     };
+    if !candidate.is_file() && automatic {
+        build_preload(&candidate);
+    }
     if candidate.is_file() {
         std::fs::canonicalize(&candidate).map_err(|e| e.to_string())
     } else {
@@ -56,6 +61,39 @@ pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
             candidate.display()
         ))
     }
+}
+
+/// Builds the preload library into `wanted` (target/<profile>/ of the checkout this fcache
+/// was built from), if this fcache runs from there and cargo is at hand; a failure leaves it
+/// missing (the caller says what to do).
+fn build_preload(wanted: &Path) {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let Ok(workspace) = std::fs::canonicalize(workspace) else {
+        return;
+    };
+    let Some(profile_dir) = wanted.parent() else {
+        return;
+    };
+    let target = workspace.join("target");
+    if profile_dir.parent() != Some(target.as_path()) || !workspace.join("Cargo.toml").is_file() {
+        return; // an installed fcache, not one in its checkout
+    }
+    let release = profile_dir
+        .file_name()
+        .is_some_and(|name| name == "release");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(&workspace)
+        .args(["build", "--quiet", "-p", "foliocache-preload"]);
+    if release {
+        command.arg("--release");
+    }
+    println!(
+        "building the preload library: cargo build{} -p foliocache-preload",
+        if release { " --release" } else { "" }
+    );
+    let _ = command.status();
 }
 
 /// The environment that makes a child run on the library.

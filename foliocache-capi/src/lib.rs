@@ -1,5 +1,5 @@
 //! foliocache's C API. The header is `include/foliocache.h`, generated from this file by
-//! cbindgen (`cbindgen.toml`); `tests/header.rs` fails when it is stale.
+//! cbindgen (`cbindgen.toml`); `tests/c_api.rs` fails when it is stale.
 //!
 //! # Conventions
 //! * Objects are opaque pointers: a [`foliocache_cache`] made by [`foliocache_cache_new`] and
