@@ -343,6 +343,9 @@ type Ranges = Vec<(Arc<dyn Flushable>, u64, u64)>;
 /// The flusher thread (see the module documentation).
 fn flusher(shared: &Shared, pages: &PageCounts, settings: DirtySettings, background: u64) {
     loop {
+        // Files that leave the list: their last reference may be dropped only once the state
+        // lock is released (dropping a file can end the cache, whose drop takes that lock).
+        let mut leaving: Files = Vec::new();
         let (files, soon): (Files, Ranges) = {
             let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
             if !state.kicked && !state.shutdown {
@@ -357,9 +360,13 @@ fn flusher(shared: &Shared, pages: &PageCounts, settings: DirtySettings, backgro
             }
             state.kicked = false;
             // Files still alive and dirty stay on the list; the others leave it.
-            state.files.retain(|weak| {
-                weak.upgrade()
-                    .is_some_and(|file| file.dirtied_when().is_some())
+            state.files.retain(|weak| match weak.upgrade() {
+                Some(file) if file.dirtied_when().is_some() => true,
+                Some(file) => {
+                    leaving.push(file);
+                    false
+                }
+                None => false,
             });
             let soon = state
                 .soon
@@ -368,6 +375,7 @@ fn flusher(shared: &Shared, pages: &PageCounts, settings: DirtySettings, backgro
                 .collect();
             (state.files.iter().filter_map(Weak::upgrade).collect(), soon)
         };
+        drop(leaving);
         for (file, first, last) in soon {
             file.flush(first, last, u64::MAX - 1);
         }
