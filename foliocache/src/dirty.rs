@@ -226,11 +226,15 @@ impl Dirty {
         self.shared.progress.notify_all();
     }
 
-    fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn lock_state(&self) -> crate::sync::order::Ordered<std::sync::MutexGuard<'_, State>> {
+        let order = crate::sync::order::taking(crate::sync::order::Rank::DirtyState);
+        crate::sync::order::Ordered::new(
+            self.shared
+                .state
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            order,
+        )
     }
 
     fn start(&self) {
@@ -347,6 +351,7 @@ fn flusher(shared: &Shared, pages: &PageCounts, settings: DirtySettings, backgro
         // lock is released (dropping a file can end the cache, whose drop takes that lock).
         let mut leaving: Files = Vec::new();
         let (files, soon): (Files, Ranges) = {
+            let _order = crate::sync::order::taking(crate::sync::order::Rank::DirtyState);
             let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
             if !state.kicked && !state.shutdown {
                 state = shared

@@ -11,6 +11,7 @@ use crate::mem::flag;
 use crate::policy::Policy;
 use crate::reclaim::Evictable;
 use crate::stats::RaCounters;
+use crate::sync::order::{self, Rank};
 use crate::wbstate::WbState;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -314,11 +315,22 @@ impl Inode {
     }
 
     /// Takes the file's change lock.
-    pub(crate) fn lock_changes(&self) -> MutexGuard<'_, ()> {
-        self.write_lock
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn lock_changes(&self) -> Changing<'_> {
+        let order = order::taking(Rank::Change);
+        Changing {
+            _guard: self
+                .write_lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+            _order: order,
+        }
     }
+}
+
+/// The change lock, held (see [`Inode::lock_changes`]).
+pub(crate) struct Changing<'a> {
+    _guard: MutexGuard<'a, ()>,
+    _order: order::Held,
 }
 
 impl Evictable for Inode {

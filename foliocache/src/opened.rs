@@ -32,6 +32,7 @@ impl FileTable {
         key: (u64, u64),
         open: impl FnOnce() -> Result<Arc<Inode>, Error>,
     ) -> Result<(Arc<Opened>, bool), Error> {
+        let _order = crate::sync::order::taking(crate::sync::order::Rank::FileTable);
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         let (inode, created) = match files.get(&key) {
             Some((opened, inode)) => {
@@ -59,6 +60,7 @@ impl FileTable {
 
     /// Forgets `key` if its file is gone (called as the file drops).
     fn forget(&self, key: (u64, u64)) {
+        let _order = crate::sync::order::taking(crate::sync::order::Rank::FileTable);
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         if files
             .get(&key)

@@ -162,7 +162,7 @@ impl Reclaim {
             policy,
             total_pages,
             files: Mutex::new(HashMap::new()),
-            scan: Mutex::new(()),
+            scan: Mutex::ranked(crate::sync::order::Rank::ReclaimScan, ()),
             age: AtomicU64::new(0),
             shadows: Arc::default(),
             counters: Counters::default(),

@@ -2,8 +2,9 @@
 //!
 //! Under `--cfg loom` the atomics and the mutex that take part in a lock-free protocol come from
 //! [loom](https://docs.rs/loom), so the model tests in `tests/loom_*.rs` check the very code that
-//! runs in production (the habit of tokio's `src/loom/mod.rs`). Everything else imports them
-//! from here, never from `std::sync` directly.
+//! runs in production (the habit of tokio's `src/loom/mod.rs`). Locks outside every modelled
+//! protocol (those paired with a condvar, the file table, a file's change and pass locks) are
+//! std's; the lock order of all of them, and its debug-build check ([`order`]), is here too.
 //!
 //! Two kinds of atomics are deliberately *not* modelled and live in [`unmodelled`]:
 //! statistics counters, and fields that are only ever touched with the index's writer lock held
@@ -86,19 +87,39 @@ pub(crate) fn thread_slot() -> usize {
 
 /// A mutex whose `lock` never fails: a panic while holding it cannot leave the protected data
 /// half-updated in a way later users could observe (every critical section in this crate either
-/// completes or changes nothing), so poisoning is ignored.
+/// completes or changes nothing), so poisoning is ignored. One made with [`Mutex::ranked`] has a
+/// place in the lock order, which debug builds check at each `lock` ([`order`]).
 #[derive(Debug, Default)]
 pub(crate) struct Mutex<T> {
     #[cfg(not(loom))]
     inner: std::sync::Mutex<T>,
     #[cfg(loom)]
     inner: loom::sync::Mutex<T>,
+    rank: Option<order::Rank>,
 }
 
-#[cfg(not(loom))]
-pub(crate) type MutexGuard<'a, T> = std::sync::MutexGuard<'a, T>;
-#[cfg(loom)]
-pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+/// A held [`Mutex`].
+pub(crate) struct MutexGuard<'a, T> {
+    #[cfg(not(loom))]
+    inner: std::sync::MutexGuard<'a, T>,
+    #[cfg(loom)]
+    inner: loom::sync::MutexGuard<'a, T>,
+    // Dropped after the guard: the lock is released before it stops counting as held.
+    _order: Option<order::Held>,
+}
+
+impl<T> std::ops::Deref for MutexGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.inner
+    }
+}
+
+impl<T> std::ops::DerefMut for MutexGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+}
 
 impl<T> Mutex<T> {
     pub(crate) fn new(value: T) -> Self {
@@ -107,13 +128,27 @@ impl<T> Mutex<T> {
             inner: std::sync::Mutex::new(value),
             #[cfg(loom)]
             inner: loom::sync::Mutex::new(value),
+            rank: None,
+        }
+    }
+
+    /// A mutex with a place in the lock order.
+    pub(crate) fn ranked(rank: order::Rank, value: T) -> Self {
+        Self {
+            rank: Some(rank),
+            ..Self::new(value)
         }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        let order = self.rank.map(order::taking);
+        MutexGuard {
+            inner: self
+                .inner
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            _order: order,
+        }
     }
 }
 
@@ -124,4 +159,173 @@ pub(crate) fn spin_hint() {
     std::hint::spin_loop();
     #[cfg(loom)]
     loom::thread::yield_now();
+}
+
+/// The lock order (docs/ARCHITECTURE.md, "Lock ordering"), checked in debug builds: a thread
+/// that takes a ranked lock while it holds one of a higher rank (one that must be taken after
+/// it) panics at once, naming both, instead of deadlocking one day against a thread that takes
+/// them the other way. Each ranked lock is taken through [`order::taking`], whose token is
+/// dropped with the guard. Release builds and loom models compile the check away (loom runs its
+/// threads on one OS thread, whose thread-local state they would share).
+pub(crate) mod order {
+    /// A lock's place in the order: lower ranks are taken first (outermost).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    pub(crate) enum Rank {
+        /// The cache's file table (`opened.rs`).
+        FileTable = 1,
+        /// A file's change lock (`Inode::lock_changes`, the kernel's `i_rwsem`).
+        Change,
+        /// A file's writeback pass lock (`WbState::pass_lock`, `I_SYNC`).
+        Pass,
+        /// One eviction scan at a time (`Reclaim::evict`).
+        ReclaimScan,
+        /// The io_uring submission queue.
+        Submit,
+        /// The flusher's state (`Dirty`).
+        DirtyState,
+        /// A file's index writer lock (`Index::lock`, the xarray's lock).
+        IndexWriter,
+        /// The arena pages set aside for index nodes.
+        IndexReserve,
+        /// A per-thread page cache of the buddy allocator.
+        PageCache,
+        /// The buddy allocator's free lists.
+        Zone,
+        /// The epoch's garbage queue.
+        EpochGarbage,
+        /// The epoch's participants.
+        EpochParticipants,
+        /// The reclaim lists (a leaf: nothing is taken while they are held).
+        Lists,
+    }
+
+    /// A std guard with its place in the order (for locks that are not [`super::Mutex`]es).
+    pub(crate) struct Ordered<G> {
+        guard: G,
+        _order: Held,
+    }
+
+    impl<G> Ordered<G> {
+        pub(crate) fn new(guard: G, order: Held) -> Self {
+            Self {
+                guard,
+                _order: order,
+            }
+        }
+    }
+
+    impl<G: std::ops::Deref> std::ops::Deref for Ordered<G> {
+        type Target = G::Target;
+        fn deref(&self) -> &G::Target {
+            &self.guard
+        }
+    }
+
+    impl<G: std::ops::DerefMut> std::ops::DerefMut for Ordered<G> {
+        fn deref_mut(&mut self) -> &mut G::Target {
+            &mut self.guard
+        }
+    }
+
+    impl Rank {
+        /// The ranks' names, by number.
+        #[cfg(all(debug_assertions, not(loom)))]
+        const NAMES: [&'static str; 16] = [
+            "",
+            "FileTable",
+            "Change",
+            "Pass",
+            "ReclaimScan",
+            "Submit",
+            "DirtyState",
+            "IndexWriter",
+            "IndexReserve",
+            "PageCache",
+            "Zone",
+            "EpochGarbage",
+            "EpochParticipants",
+            "Lists",
+            "",
+            "",
+        ];
+    }
+
+    /// Held while the lock of its rank is held; drop it with the guard.
+    #[derive(Debug)]
+    #[must_use]
+    pub(crate) struct Held {
+        #[cfg(all(debug_assertions, not(loom)))]
+        rank: Rank,
+    }
+
+    #[cfg(all(debug_assertions, not(loom)))]
+    thread_local! {
+        /// How many locks of each rank this thread holds.
+        static HELD: std::cell::Cell<[u8; 16]> = const { std::cell::Cell::new([0; 16]) };
+    }
+
+    /// About to take a lock of `rank`: in debug builds, checks that this thread holds no lock
+    /// that must come after it, and counts it held until the token drops. Locks of one rank
+    /// may nest (two files' locks are never taken together; where they could be, the code
+    /// says so).
+    pub(crate) fn taking(rank: Rank) -> Held {
+        #[cfg(all(debug_assertions, not(loom)))]
+        {
+            let _ = HELD.try_with(|held| {
+                let mut counts = held.get();
+                if let Some(later) = (rank as usize + 1..counts.len()).find(|&r| counts[r] > 0) {
+                    panic!(
+                        "lock order: taking {rank:?} while holding {} (see \
+                         docs/ARCHITECTURE.md, \"Lock ordering\")",
+                        Rank::NAMES.get(later).copied().unwrap_or("?")
+                    );
+                }
+                counts[rank as usize] = counts[rank as usize].saturating_add(1);
+                held.set(counts);
+            });
+            Held { rank }
+        }
+        #[cfg(not(all(debug_assertions, not(loom))))]
+        {
+            let _ = rank;
+            Held {}
+        }
+    }
+
+    #[cfg(all(debug_assertions, not(loom)))]
+    impl Drop for Held {
+        fn drop(&mut self) {
+            let _ = HELD.try_with(|held| {
+                let mut counts = held.get();
+                counts[self.rank as usize] = counts[self.rank as usize].saturating_sub(1);
+                held.set(counts);
+            });
+        }
+    }
+}
+
+#[cfg(all(test, debug_assertions, not(loom)))]
+mod tests {
+    use super::order::{Rank, taking};
+
+    #[test]
+    fn locks_in_order_are_fine() {
+        let _change = taking(Rank::Change);
+        let _pass = taking(Rank::Pass);
+        let _writer = taking(Rank::IndexWriter);
+        let _zone = taking(Rank::Zone);
+    }
+
+    #[test]
+    #[should_panic(expected = "lock order: taking IndexWriter while holding Zone")]
+    fn a_lock_taken_out_of_order_panics() {
+        let _zone = taking(Rank::Zone);
+        let _writer = taking(Rank::IndexWriter);
+    }
+
+    #[test]
+    fn a_released_lock_no_longer_counts() {
+        drop(taking(Rank::Zone));
+        let _writer = taking(Rank::IndexWriter);
+    }
 }

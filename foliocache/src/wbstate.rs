@@ -86,8 +86,12 @@ pub(crate) struct WbState {
 }
 
 impl WbState {
-    pub(crate) fn pass_lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.pass.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn pass_lock(&self) -> Passing<'_> {
+        let order = crate::sync::order::taking(crate::sync::order::Rank::Pass);
+        Passing {
+            _guard: self.pass.lock().unwrap_or_else(PoisonError::into_inner),
+            _order: order,
+        }
     }
 
     /// Notes that the file has dirty data; returns true when it just became dirty (the caller
@@ -115,6 +119,12 @@ impl WbState {
             *dirtied = None;
         }
     }
+}
+
+/// The pass lock, held (see [`WbState::pass_lock`]).
+pub(crate) struct Passing<'a> {
+    _guard: std::sync::MutexGuard<'a, ()>,
+    _order: crate::sync::order::Held,
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ impl Index {
     pub fn with_meter(limit: usize, meter: Arc<NodeMeter>) -> Self {
         Self {
             root: AtomicUsize::new(0),
-            writer: Mutex::new(()),
+            writer: Mutex::ranked(crate::sync::order::Rank::IndexWriter, ()),
             nodes: StatUsize::new(0),
             node_limit: limit,
             meter,

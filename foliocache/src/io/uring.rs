@@ -133,6 +133,7 @@ impl Uring {
             return;
         }
         let shared = &self.shared;
+        let _order = crate::sync::order::taking(crate::sync::order::Rank::Submit);
         let _guard = shared
             .submit_lock
             .lock()

@@ -148,9 +148,14 @@ impl Buddy {
         let threads = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
         let slots = (2 * threads).clamp(4, 64);
         Ok(Self {
-            zone: Mutex::new(zone),
+            zone: Mutex::ranked(crate::sync::order::Rank::Zone, zone),
             caches: (0..slots)
-                .map(|_| CachePadded::new(Mutex::new(Vec::with_capacity(CACHE_HIGH + 1))))
+                .map(|_| {
+                    CachePadded::new(Mutex::ranked(
+                        crate::sync::order::Rank::PageCache,
+                        Vec::with_capacity(CACHE_HIGH + 1),
+                    ))
+                })
                 .collect(),
             cached: AtomicUsize::new(0),
             zone_locks: Counter::default(),

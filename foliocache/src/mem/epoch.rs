@@ -96,8 +96,8 @@ impl Domain {
     fn new() -> Self {
         Self {
             epoch: CachePadded::new(AtomicU64::new(1)),
-            participants: Mutex::new(Vec::new()),
-            garbage: Mutex::new(Garbage::default()),
+            participants: Mutex::ranked(crate::sync::order::Rank::EpochParticipants, Vec::new()),
+            garbage: Mutex::ranked(crate::sync::order::Rank::EpochGarbage, Garbage::default()),
             pending: PlainUsize::new(0),
         }
     }

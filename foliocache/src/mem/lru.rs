@@ -54,13 +54,16 @@ pub(crate) const LINK_BYTES_PER_PAGE: usize = 2 * std::mem::size_of::<u32>();
 impl Lru {
     pub(crate) fn new(pages: usize) -> Result<Self, crate::error::Error> {
         Ok(Self {
-            lists: Mutex::new(Lists {
-                older: super::filled(pages, NIL)?,
-                newer: super::filled(pages, NIL)?,
-                head: [NIL; 2],
-                tail: [NIL; 2],
-                pages: [0; 2],
-            }),
+            lists: Mutex::ranked(
+                crate::sync::order::Rank::Lists,
+                Lists {
+                    older: super::filled(pages, NIL)?,
+                    newer: super::filled(pages, NIL)?,
+                    head: [NIL; 2],
+                    tail: [NIL; 2],
+                    pages: [0; 2],
+                },
+            ),
         })
     }
 }

@@ -173,7 +173,7 @@ impl Memory {
             lru: Lru::new(pages)?,
             nodes: Arc::default(),
             reserve: IndexReserve {
-                blocks: Mutex::new(Vec::new()),
+                blocks: Mutex::ranked(crate::sync::order::Rank::IndexReserve, Vec::new()),
                 count: StatUsize::new(0),
                 headroom: (pages / 64).clamp(1, 8),
                 charged: charge_index,
