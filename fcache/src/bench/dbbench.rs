@@ -27,6 +27,7 @@
 //!   alternate in order from one repetition to the next, after a wait for an idle machine.
 
 use super::BenchArgs;
+use super::memory::{Mapping, warm_guest_memory};
 use super::readseq::{data_dir, settle};
 use super::report::{Figure, IdleGuard, Plot, Report, wait_for_idle};
 use super::summary::{Row, Spread, Unit, value};
@@ -246,36 +247,12 @@ fn drop_kernel_cache(dir: &Path) -> Result<u64, String> {
 
 /// Pages of `file` in the kernel's page cache (`mincore` over a read-only mapping).
 fn resident_pages(file: &std::fs::File) -> Result<u64, String> {
-    use std::os::fd::AsRawFd;
     let len = file.metadata().map_err(|e| e.to_string())?.len() as usize;
     if len == 0 {
         return Ok(0);
     }
-    // SAFETY: a new shared read-only mapping of an open file; nothing else refers to it and it
-    // is unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if map == libc::MAP_FAILED {
-        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
-    }
-    let pages = len.div_ceil(4096);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: `map` is a mapping of `len` bytes and `vec` has one byte per page of it.
-    let rc = unsafe { libc::mincore(map, len, vec.as_mut_ptr()) };
-    // SAFETY: unmapping the mapping made above, which nothing else uses.
-    unsafe { libc::munmap(map, len) };
-    if rc != 0 {
-        return Err(format!("mincore: {}", std::io::Error::last_os_error()));
-    }
-    Ok(vec.iter().filter(|b| **b & 1 != 0).count() as u64)
+    let map = Mapping::file(file, len).map_err(|e| format!("mmap: {e}"))?;
+    map.resident_pages().map_err(|e| format!("mincore: {e}"))
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -415,7 +392,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         rep + 1
                     ));
                     resident_after_drop += drop_kernel_cache(&db)?;
-                    super::warm_guest_memory(db_bytes as usize + (32 << 20));
+                    warm_guest_memory(db_bytes as usize + (32 << 20));
                     settle();
                     let mut this = run_args.clone();
                     this.push(format!("--benchmarks={}", vec![workload; passes].join(",")));

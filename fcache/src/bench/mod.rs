@@ -8,6 +8,7 @@ mod core;
 mod dbbench;
 mod exec;
 mod html;
+mod memory;
 mod policies;
 mod readseq;
 mod reclaim;
@@ -290,49 +291,6 @@ impl Rng {
         }
         order
     }
-}
-
-/// Warms `bytes` of guest memory for whichever system runs next, then gives it back: this VM
-/// hands idle free memory to the host, and a first touch afterwards is slow (`baselines.md`
-/// §8.2). The memory is mapped with huge pages advised and written, so it returns to the
-/// kernel's free lists as whole 2 MiB blocks: the kernel's page cache (which splits them for
-/// its folios) and foliocache's arena (which faults in huge pages) can both reuse them. A
-/// `Vec` freed instead leaves 4 KiB pages that rarely merge back in time; measured with a
-/// probe after a 4 s idle, a following 128 MiB huge-page populate ran at 0.8–1.5 GB/s after
-/// that, and at 13 GB/s after this.
-pub(crate) fn warm_guest_memory(bytes: usize) {
-    const HUGE: usize = 2 << 20;
-    let len = bytes.next_multiple_of(HUGE);
-    if len == 0 {
-        return;
-    }
-    // SAFETY: a new private anonymous mapping, used only here and unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if map == libc::MAP_FAILED {
-        return;
-    }
-    // SAFETY: advice on the mapping made above.
-    unsafe { libc::madvise(map, len, libc::MADV_HUGEPAGE) };
-    // SAFETY: the mapping is `len` writable bytes that nothing else refers to.
-    unsafe { std::ptr::write_bytes(map.cast::<u8>(), 1, len) };
-    // SAFETY: unmapping the mapping made above, which nothing uses any more.
-    unsafe { libc::munmap(map, len) };
-}
-
-/// A buffer of `bytes` whose every page was written (faulted in, host-resident).
-pub(crate) fn touched_buffer(bytes: usize) -> Vec<u8> {
-    let mut buffer = vec![0u8; bytes];
-    buffer.fill(1);
-    buffer
 }
 
 fn with_suffix(path: &std::path::Path, suite: &str) -> PathBuf {

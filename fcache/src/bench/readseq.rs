@@ -31,6 +31,7 @@
 //! (eviction on).
 
 use super::BenchArgs;
+use super::memory::warm_guest_memory;
 use super::report::{Figure, Plot, Report, interleaved};
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::probe::{Buffers, Probe};
@@ -555,7 +556,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                         cold_checks += 1;
                         // Touch and free memory the size of the data set, so the kernel's fill
                         // finds host-resident memory (`baselines.md` §8).
-                        super::warm_guest_memory(data as usize);
+                        warm_guest_memory(data as usize);
                         let cpu0 = process_cpu();
                         let done = pass(threads, sizes.file, &|t, at, buf| {
                             kernel_files[t].read_at(buf, at).map_err(|e| e.to_string())

@@ -12,9 +12,10 @@
 //!   buffer (the source is cold in CPU caches, as the cache's data is), and `memset` of a
 //!   block-size buffer (what a hole read can at best do).
 
+use super::BenchArgs;
+use super::memory::{Mapping, touched_buffer};
 use super::report::{Figure, Plot, Report, fmt, interleaved};
 use super::summary::{Row, Spread, Unit, value};
-use super::{BenchArgs, touched_buffer};
 use foliocache::{Cache, File, ReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
@@ -249,7 +250,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     // pages, like the cache's arena: the ceiling must not be lowered by TLB misses the cache
     // does not suffer, nor raised by a source that fits in the CPU caches.
     bar.set_message("ceilings: preparing the memcpy source");
-    let mut source = HugeBuffer::new(sizes.file as usize)?;
+    let len = sizes.file as usize;
+    let mut source = Mapping::anonymous(len).map_err(|e| format!("mmap of {len} bytes: {e}"))?;
+    source.advise_huge();
     for (i, byte) in source.bytes_mut().iter_mut().enumerate() {
         *byte = (i % 251) as u8;
     }
@@ -459,52 +462,6 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         });
     }
     Ok(report)
-}
-
-/// An anonymous mapping advised to use transparent huge pages.
-struct HugeBuffer {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl HugeBuffer {
-    fn new(len: usize) -> Result<Self, String> {
-        // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap of {len} bytes: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        // SAFETY: advising our own mapping; failure only means small pages.
-        unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
-        Ok(Self {
-            ptr: ptr.cast(),
-            len,
-        })
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping is `len` bytes, readable and writable, owned by `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for HugeBuffer {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping `new` made.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
 }
 
 fn median(report: &Report, case: &str, system: &str) -> Option<f64> {
