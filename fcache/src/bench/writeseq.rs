@@ -25,6 +25,7 @@
 use super::BenchArgs;
 use super::readseq::data_dir;
 use super::report::{Figure, Plot, Report, interleaved};
+use super::rng::Rng;
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::probe::write_blocks;
 use foliocache::{Cache, OpenOptions};
@@ -66,7 +67,7 @@ fn workloads() -> Vec<Workload> {
     let seq_bytes: u64 = 256 << 20;
     let existing: u64 = 64 << 20;
     let small: u64 = 16 << 20;
-    let mut rng = super::Rng(0x5EED_0000_0000_0001);
+    let mut rng = Rng(0x5EED_0000_0000_0001);
     vec![
         Workload {
             name: "seq-1M",
