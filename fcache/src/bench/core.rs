@@ -9,7 +9,8 @@
 //!   `add_folio_range` (one lock hold), in ns per folio.
 
 use super::BenchArgs;
-use super::report::{Figure, Placement, Plot, Report, interleaved, run_threads};
+use super::measure::{Placement, interleaved, run_threads};
+use super::report::{Figure, Plot, Report};
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::refcount::RefCount;
 use foliocache::raw::{self, NewFolio};

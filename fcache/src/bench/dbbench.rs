@@ -27,9 +27,10 @@
 //!   alternate in order from one repetition to the next, after a wait for an idle machine.
 
 use super::BenchArgs;
+use super::files::data_dir;
+use super::measure::{IdleGuard, settle, wait_for_idle};
 use super::memory::{Mapping, warm_guest_memory};
-use super::readseq::{data_dir, settle};
-use super::report::{Figure, IdleGuard, Plot, Report, wait_for_idle};
+use super::report::{Figure, Plot, Report};
 use super::summary::{Row, Spread, Unit, value};
 use crate::run::{find_preload, preload_env};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -11,7 +11,8 @@
 //! faulted), index metadata, and the cost of a fault that hits (interleaved repetitions).
 
 use super::BenchArgs;
-use super::report::{Figure, Plot, Ratio, RatioKind, Report, fmt, interleaved, median};
+use super::measure::interleaved;
+use super::report::{Figure, Plot, Ratio, RatioKind, Report, fmt, median};
 use super::rng::Rng;
 use super::summary::{Row, Spread, Unit};
 use foliocache::{Cache, File, OpenOptions, Policy, Region, RegionHint};

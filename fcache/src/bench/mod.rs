@@ -3,14 +3,16 @@
 //! suites asked for (or compares two runs) and hands the results to `output`.
 //!
 //! How a figure is measured (systems interleaved in rounds, the idle guard, paired ratios) is
-//! `docs/BENCHMARKS.md`'s protocol, and lives in `report.rs`.
+//! `docs/BENCHMARKS.md`'s protocol, and lives in `measure.rs`.
 
 mod args;
 mod compare;
 mod core;
 mod dbbench;
 mod exec;
+mod files;
 mod html;
+mod measure;
 mod memory;
 mod output;
 mod policies;

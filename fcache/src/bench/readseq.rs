@@ -31,8 +31,10 @@
 //! (eviction on).
 
 use super::BenchArgs;
+use super::files::data_dir;
+use super::measure::{interleaved, process_cpu, settle, thread_cpu};
 use super::memory::warm_guest_memory;
-use super::report::{Figure, Plot, Report, interleaved};
+use super::report::{Figure, Plot, Report};
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::probe::{Buffers, Probe};
 use foliocache::{Cache, InsertPolicy};
@@ -90,38 +92,6 @@ fn kernel_read_ahead_kb(dir: &Path) -> Option<u64> {
     ]
     .iter()
     .find_map(|path| std::fs::read_to_string(path).ok()?.trim().parse().ok())
-}
-
-/// Where the data files go: `--dir`, else the system temporary directory, else the results
-/// directory (on the checkout's file system), whichever first takes O_DIRECT for real (tmpfs
-/// does not).
-pub(crate) fn data_dir(args: &BenchArgs) -> Result<PathBuf, String> {
-    let candidates: Vec<PathBuf> = match &args.dir {
-        Some(dir) => vec![dir.clone()],
-        None => vec![std::env::temp_dir(), args.out.clone()],
-    };
-    let cache = Cache::builder()
-        .capacity(1 << 20)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let mut reasons = Vec::new();
-    for dir in candidates {
-        let probe = dir.join(format!("fcache-readseq-probe-{}", std::process::id()));
-        if let Err(e) = std::fs::write(&probe, [0u8; 4096]) {
-            reasons.push(format!("{}: {e}", dir.display()));
-            continue;
-        }
-        let opened = cache.open(&probe);
-        let _ = std::fs::remove_file(&probe);
-        match opened {
-            Ok(_) => return Ok(dir),
-            Err(e) => reasons.push(e.to_string()),
-        }
-    }
-    Err(format!(
-        "readseq needs a directory on a disk file system (O_DIRECT): {}. Pass --dir DIR.",
-        reasons.join("; ")
-    ))
 }
 
 /// The data files (deleted on drop).
@@ -239,25 +209,6 @@ fn pass(threads: usize, file_size: u64, read: ReadRecord<'_>) -> Result<Pass, St
     })
 }
 
-/// Keeps every CPU busy for a moment before a timed pass. On this VM a vCPU that idled (the
-/// device pass mostly waits) is slow for a while when work comes back, which showed as a 30%
-/// advantage for whichever system ran after a busy one (measured: the same policy in two
-/// positions of the rotation).
-pub(crate) fn settle() {
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    std::thread::scope(|s| {
-        for _ in 0..cpus {
-            s.spawn(|| {
-                let start = Instant::now();
-                let mut x = 0u64;
-                while start.elapsed() < std::time::Duration::from_millis(150) {
-                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
-                }
-            });
-        }
-    });
-}
-
 fn drop_kernel_cache(paths: &[PathBuf]) -> Result<(), String> {
     for path in paths {
         let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
@@ -325,18 +276,6 @@ fn make_cache_cold(
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     Ok(())
-}
-
-/// CPU time of the whole process (all threads), in seconds.
-fn process_cpu() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-}
-
-/// CPU time of the calling thread, in seconds.
-fn thread_cpu() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 /// One measurement of one system.

@@ -13,8 +13,9 @@
 //!   block-size buffer (what a hole read can at best do).
 
 use super::BenchArgs;
+use super::measure::interleaved;
 use super::memory::{Mapping, touched_buffer};
-use super::report::{Figure, Plot, Report, fmt, interleaved};
+use super::report::{Figure, Plot, Report, fmt};
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::{Cache, File, ReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};

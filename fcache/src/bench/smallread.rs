@@ -20,7 +20,8 @@
 //! medians of per-round ratios with their spread.
 
 use super::BenchArgs;
-use super::report::{Figure, Placement, Plot, Report, fmt, interleaved, run_threads};
+use super::measure::{Placement, interleaved, run_threads};
+use super::report::{Figure, Plot, Report, fmt};
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::{Cache, File, Policy, RefcountPolicy, SmallReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};

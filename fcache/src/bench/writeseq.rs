@@ -23,8 +23,9 @@
 //! figure is never for bytes that did not arrive.
 
 use super::BenchArgs;
-use super::readseq::data_dir;
-use super::report::{Figure, Plot, Report, interleaved};
+use super::files::data_dir;
+use super::measure::interleaved;
+use super::report::{Figure, Plot, Report};
 use super::rng::Rng;
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::probe::write_blocks;
