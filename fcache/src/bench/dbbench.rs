@@ -516,7 +516,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     // Medians of the per-repetition ratios, as the summary checks them.
     let paired = |report: &Report, case: &str, system: &str| {
         report
-            .figure(case, &format!("{system}÷kernel"), "paired_ratio")
+            .paired_ratio(case, system, "kernel")
             .map_or(f64::NAN, |f| f.median)
     };
     report.notes.push(format!(
@@ -551,7 +551,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         ("readrandom/cold", None),
         ("readrandom/warm", Some(1.5)),
     ] {
-        let Some(p) = report.figure(case, "foliocache÷kernel", "paired_ratio") else {
+        let Some(p) = report.paired_ratio(case, "foliocache", "kernel") else {
             continue;
         };
         let ops = |s: &str| report.figure(case, s, "ops/s");
@@ -572,7 +572,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         rows.push(row);
         // The ceiling of the goal's case: what no cache behind pread can pass.
         if goal.is_some_and(|g| g > 1.0)
-            && let Some(limit) = report.figure(case, "kernel-mmap÷kernel", "paired_ratio")
+            && let Some(limit) = report.paired_ratio(case, SYSTEMS[MMAP], "kernel")
         {
             rows.push(
                 Row::new("000", format!("db_bench {case}: mmap vs kernel"))

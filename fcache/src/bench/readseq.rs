@@ -748,13 +748,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         return rows;
     };
     let mibs = |s: usize| report.figure(case, SYSTEMS[s], "MiB/s");
-    let paired = |a: usize, b: usize| {
-        report.figure(
-            case,
-            &format!("{}÷{}", SYSTEMS[a], SYSTEMS[b]),
-            "paired_ratio",
-        )
-    };
+    let paired = |a: usize, b: usize| report.paired_ratio(case, SYSTEMS[a], SYSTEMS[b]);
     let cpu = |s: usize| {
         value(
             report.figure(case, SYSTEMS[s], "cpu_s_per_GiB"),

@@ -326,7 +326,7 @@ impl Report {
         }
         let figure = Figure::new(
             case,
-            &format!("{a}÷{b}"),
+            &paired_system(a, b),
             "paired_ratio",
             &ratios,
             busy_rounds,
@@ -342,6 +342,11 @@ impl Report {
         });
         self.results.push(figure);
         median
+    }
+
+    /// The per-round ratio of `a` over `b` on `case` that [`Report::paired`] recorded.
+    pub(crate) fn paired_ratio(&self, case: &str, a: &str, b: &str) -> Option<&Figure> {
+        self.figure(case, &paired_system(a, b), "paired_ratio")
     }
 
     /// The Markdown the suite prints with `--verbose` and writes beside its JSON.
@@ -480,6 +485,11 @@ impl Report {
     pub(crate) fn inline_svgs(&self) -> Vec<String> {
         self.plots.iter().map(|p| svg_bars(p, false)).collect()
     }
+}
+
+/// The system name of a paired ratio's figure: `{a}÷{b}`.
+fn paired_system(a: &str, b: &str) -> String {
+    format!("{a}÷{b}")
 }
 
 /// Three significant digits, no exponent for the usual ranges.
@@ -671,6 +681,10 @@ mod tests {
         assert_eq!(r.kind, RatioKind::MedianOfPairedRatios);
         assert_eq!((r.min, r.max), (Some(0.5), Some(2.0)));
         assert!(report.figure("c", "a÷b", "paired_ratio").is_some());
+        assert_eq!(
+            report.paired_ratio("c", "a", "b").map(|f| f.median),
+            Some(median)
+        );
         assert!(report.markdown().contains("median of per-round ratios"));
     }
 

@@ -27,6 +27,8 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The system every other one is compared with, per round.
+const BATCHED: &str = "foliocache/batched";
 const BLOCKS: [(usize, &str); 3] = [(1 << 20, "1M"), (64 << 10, "64k"), (4 << 10, "4k")];
 const KINDS: [Kind; 3] = [Kind::Normal, Kind::Fallocated, Kind::Hole];
 
@@ -469,11 +471,6 @@ fn median(report: &Report, case: &str, system: &str) -> Option<f64> {
     report.figure(case, system, "GiB/s").map(|f| f.median)
 }
 
-/// The paired ratio of batched over `other` in `case` (per round, with spread).
-fn paired<'r>(report: &'r Report, case: &str, other: &str) -> Option<&'r Figure> {
-    report.figure(case, &format!("foliocache/batched÷{other}"), "paired_ratio")
-}
-
 /// The kernel system of a case: `kernel` (huge=never) or `kernel-huge` (huge=always).
 fn kernel_of(report: &Report, case: &str) -> Option<&'static str> {
     ["kernel", "kernel-huge"]
@@ -522,11 +519,12 @@ fn seed_tables(report: &Report) -> String {
                 ) else {
                     continue;
                 };
-                let delta = paired(report, &case, "foliocache/per-folio")
+                let delta = report
+                    .paired_ratio(&case, BATCHED, "foliocache/per-folio")
                     .map_or_else(|| "–".into(), pct_spread);
                 let kernel = kernel_of(report, &case);
                 let ceiling = ceiling_of(kind);
-                let share = paired(report, &case, ceiling).map_or_else(
+                let share = report.paired_ratio(&case, BATCHED, ceiling).map_or_else(
                     || "–".into(),
                     |f| {
                         format!(
@@ -547,7 +545,7 @@ fn seed_tables(report: &Report) -> String {
                         .and_then(|k| median(report, &case, k))
                         .map_or_else(|| "–".into(), |k| format!("{} GiB/s", fmt(k))),
                     kernel
-                        .and_then(|k| paired(report, &case, k))
+                        .and_then(|k| report.paired_ratio(&case, BATCHED, k))
                         .map_or_else(|| "–".into(), |f| format!("{:.2}×", f.median)),
                     median(report, &case, ceiling).map_or_else(|| "–".into(), fmt),
                 );
@@ -582,7 +580,7 @@ fn bars(report: &Report) -> String {
         for kind in KINDS {
             for (_, bs) in BLOCKS {
                 let case = format!("{}/{bs}/{setting}", kind.name());
-                let Some(pair) = paired(report, &case, "foliocache/per-folio") else {
+                let Some(pair) = report.paired_ratio(&case, BATCHED, "foliocache/per-folio") else {
                     continue;
                 };
                 let need = if kind != Kind::Normal && bs == "1M" {
@@ -596,7 +594,9 @@ fn bars(report: &Report) -> String {
                     if need > 1.0 { " + 20%" } else { "" },
                     pct_spread(pair)
                 ));
-                if let Some(k) = kernel_of(report, &case).and_then(|k| paired(report, &case, k)) {
+                if let Some(k) =
+                    kernel_of(report, &case).and_then(|k| report.paired_ratio(&case, BATCHED, k))
+                {
                     let need = if bs == "4k" { 2.0 } else { 1.0 };
                     lines.push(format!(
                         "- {} {case}: batched ≥ {need}× kernel: {:.2}× ({:.2}–{:.2})",
@@ -609,7 +609,7 @@ fn bars(report: &Report) -> String {
                 if bs == "1M" {
                     let ceiling = ceiling_of(kind);
                     let need = if kind == Kind::Fallocated { 0.9 } else { 0.8 };
-                    if let Some(c) = paired(report, &case, ceiling) {
+                    if let Some(c) = report.paired_ratio(&case, BATCHED, ceiling) {
                         lines.push(format!(
                             "- {} {case}: batched ≥ {:.0}% of {ceiling}: {:.0}% ({:.0}–{:.0}%)",
                             mark(c.median >= need),
@@ -643,7 +643,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             report.figure(&case, "foliocache/batched", "GiB/s"),
             report.figure(&case, "foliocache/per-folio", "GiB/s"),
         ];
-        if let Some(p) = paired(report, &case, "foliocache/per-folio") {
+        if let Some(p) = report.paired_ratio(&case, BATCHED, "foliocache/per-folio") {
             let need = if kind == Kind::Normal { 1.0 } else { 1.2 };
             rows.push(
                 Row::new("004", format!("{} 1M: batched vs per-folio", kind.name()))
@@ -656,7 +656,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                     .busy_from(&[figs[0], figs[1], Some(p)]),
             );
         }
-        if let Some(c) = paired(report, &case, ceiling) {
+        if let Some(c) = report.paired_ratio(&case, BATCHED, ceiling) {
             let need = if kind == Kind::Fallocated { 0.9 } else { 0.8 };
             rows.push(
                 Row::new("004", format!("{} 1M: share of {ceiling}", kind.name()))
@@ -673,7 +673,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         for kind in KINDS {
             for (_, bs) in BLOCKS {
                 let case = format!("{}/{bs}/{setting}", kind.name());
-                if let Some(p) = paired(report, &case, "foliocache/per-folio") {
+                if let Some(p) = report.paired_ratio(&case, BATCHED, "foliocache/per-folio") {
                     let need = if kind != Kind::Normal && bs == "1M" {
                         1.2
                     } else {
@@ -683,7 +683,9 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                     met += usize::from(p.median >= need);
                     busy |= p.busy;
                 }
-                if let Some(k) = kernel_of(report, &case).and_then(|k| paired(report, &case, k)) {
+                if let Some(k) =
+                    kernel_of(report, &case).and_then(|k| report.paired_ratio(&case, BATCHED, k))
+                {
                     let need = if bs == "4k" { 2.0 } else { 1.0 };
                     kall += 1;
                     kmet += usize::from(k.median >= need);

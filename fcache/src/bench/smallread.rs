@@ -320,11 +320,7 @@ fn ops(report: &Report, threads: usize, system: &str) -> Option<f64> {
 
 /// The per-round paired ratio `a ÷ b` at `threads`.
 fn paired(report: &Report, threads: usize, a: usize, b: usize) -> Option<&Figure> {
-    report.figure(
-        &format!("threads={threads}"),
-        &format!("{}÷{}", SYSTEMS[a], SYSTEMS[b]),
-        "paired_ratio",
-    )
+    report.paired_ratio(&format!("threads={threads}"), SYSTEMS[a], SYSTEMS[b])
 }
 
 fn spread(f: &Figure) -> String {

@@ -342,7 +342,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     let mut rows = Vec::new();
     for case in CASES {
         let mib = |s: &str| report.figure(case, s, "MiB/s");
-        if let Some(p) = report.figure(case, "foliocache÷kernel", "paired_ratio") {
+        if let Some(p) = report.paired_ratio(case, "foliocache", "kernel") {
             rows.push(
                 Row::new("writes", format!("{case} vs kernel (MiB/s)"))
                     .after(value(mib("foliocache"), 1.0, ""))
@@ -354,7 +354,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             );
         }
         if case == "seq-1M"
-            && let Some(p) = report.figure(case, "foliocache÷no-write-behind", "paired_ratio")
+            && let Some(p) = report.paired_ratio(case, "foliocache", "no-write-behind")
         {
             rows.push(
                 Row::new("writes", "seq-1M write-behind on vs off")
@@ -367,7 +367,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             );
         }
         if case == "seq-1M"
-            && let Some(p) = report.figure(case, "foliocache÷device", "paired_ratio")
+            && let Some(p) = report.paired_ratio(case, "foliocache", "device")
         {
             rows.push(
                 Row::new("writes", "seq-1M share of the device")
