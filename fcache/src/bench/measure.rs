@@ -1,6 +1,7 @@
 //! How samples are taken: systems measured in rotation, an idle guard around every sample
 //! (`docs/BENCHMARKS.md`'s protocol), threads released together, and CPU time.
 
+use super::report::{Figure, Report};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -158,6 +159,42 @@ impl<T> Rounds<T> {
     /// One metric of system `k`'s samples.
     pub(crate) fn metric(&self, k: usize, f: impl Fn(&T) -> f64) -> Vec<f64> {
         self.samples[k].iter().map(f).collect()
+    }
+
+    /// System `k`'s figure on `case`, under its name `system`: `metric`, taken from each of its
+    /// samples by `value`.
+    pub(crate) fn figure(
+        &self,
+        case: &str,
+        (k, system): (usize, &str),
+        metric: &str,
+        value: impl Fn(&T) -> f64,
+    ) -> Figure {
+        Figure::new(
+            case,
+            system,
+            metric,
+            &self.metric(k, value),
+            self.busy_count(k),
+        )
+    }
+
+    /// Records the per-round ratio of system `a` over system `b` on `case` (see
+    /// [`Report::paired`]), of the metric `value` takes from each sample.
+    pub(crate) fn paired(
+        &self,
+        report: &mut Report,
+        case: &str,
+        (a, a_name): (usize, &str),
+        (b, b_name): (usize, &str),
+        value: impl Fn(&T) -> f64,
+    ) {
+        report.paired(
+            case,
+            (a_name, &self.metric(a, &value)),
+            (b_name, &self.metric(b, &value)),
+            self.busy_rounds(&[a, b]),
+        );
     }
 }
 

@@ -17,7 +17,7 @@ use super::measure::interleaved;
 use super::memory::{Mapping, touched_buffer};
 use super::report::{Figure, Plot, Report, fmt};
 use super::summary::{Row, Spread, Unit, value};
-use foliocache::{Cache, File, ReadPolicy};
+use foliocache::{Cache, File, Handle, ReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::fmt::Write as _;
@@ -27,8 +27,10 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// The system every other one is compared with, per round.
+/// The system every other one is compared with, per round: seed 004's batched reads.
 const BATCHED: &str = "foliocache/batched";
+/// The reads before seed 004, one folio at a time.
+const PER_FOLIO: &str = "foliocache/per-folio";
 const BLOCKS: [(usize, &str); 3] = [(1 << 20, "1M"), (64 << 10, "64k"), (4 << 10, "4k")];
 const KINDS: [Kind; 3] = [Kind::Normal, Kind::Fallocated, Kind::Hole];
 
@@ -195,20 +197,185 @@ fn make_kernel_file(dir: &Path, kind: Kind, size: u64) -> Result<std::fs::File, 
     Ok(file)
 }
 
+/// The files' size and the time each measurement reads for.
 struct Sizes {
     file: u64,
     time: Duration,
 }
 
-/// The systems a case measures, in rotation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum System {
-    Batched,
-    PerFolio,
-    Kernel,
-    /// The case's ceiling: memcpy from a file-sized source (normal files), memset (fallocated
-    /// and hole files).
-    Ceiling,
+/// A system seqread measures: what it is called, and how it reads one block of its file.
+trait Reader {
+    /// The system's name in the figures.
+    fn name(&self) -> &'static str;
+
+    /// Reads `buf.len()` bytes at offset `at` and returns how many it read (a ceiling copies or
+    /// fills the buffer instead).
+    fn read(&mut self, buf: &mut [u8], at: u64) -> Result<usize, String>;
+
+    /// For a foliocache system: its name in the counters and its file's index walks so far.
+    fn index_walks(&self) -> Option<(&'static str, u64)> {
+        None
+    }
+
+    /// Whether it is the case's ceiling, whose samples are also pooled by block size.
+    fn is_ceiling(&self) -> bool {
+        false
+    }
+
+    /// One measurement: reads in `buf`-sized blocks for `time` from offset 0, wrapping at
+    /// `size`; returns GiB/s and the number of reads. Every measurement starts at offset 0, so
+    /// all systems read the same regions of their files (this VM's memory is not uniformly
+    /// fast).
+    fn measure(&mut self, buf: &mut [u8], size: u64, time: Duration) -> Result<(f64, u64), String> {
+        let mut pos = 0u64;
+        timed_reads(buf, size, &mut pos, time, |b, at| self.read(b, at))
+    }
+}
+
+/// foliocache: a handle on the memory file, reading batched (seed 004) or per folio (before
+/// it).
+struct Foliocache<'a> {
+    name: &'static str,
+    /// Its name in the counters.
+    counter: &'static str,
+    file: &'a File,
+    handle: Handle,
+}
+
+impl Reader for Foliocache<'_> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn read(&mut self, buf: &mut [u8], at: u64) -> Result<usize, String> {
+        self.handle.read_at(buf, at).map_err(|e| e.to_string())
+    }
+
+    fn index_walks(&self) -> Option<(&'static str, u64)> {
+        Some((self.counter, self.file.mapping_stats().index_walks))
+    }
+}
+
+/// The kernel: `pread` of the same-shaped file on a tmpfs.
+struct Kernel {
+    name: &'static str,
+    file: std::fs::File,
+}
+
+impl Reader for Kernel {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn read(&mut self, buf: &mut [u8], at: u64) -> Result<usize, String> {
+        self.file.read_at(buf, at).map_err(|e| e.to_string())
+    }
+}
+
+/// The ceiling of a normal file: `memcpy` from a file-sized source.
+struct Memcpy<'a> {
+    source: &'a [u8],
+}
+
+impl Reader for Memcpy<'_> {
+    fn name(&self) -> &'static str {
+        "memcpy"
+    }
+
+    fn read(&mut self, buf: &mut [u8], at: u64) -> Result<usize, String> {
+        let at = at as usize;
+        buf.copy_from_slice(&self.source[at..at + buf.len()]);
+        Ok(buf.len())
+    }
+
+    fn is_ceiling(&self) -> bool {
+        true
+    }
+}
+
+/// The ceiling of a fallocated or hole file: `memset` of the buffer.
+struct Memset;
+
+impl Reader for Memset {
+    fn name(&self) -> &'static str {
+        "memset"
+    }
+
+    fn read(&mut self, buf: &mut [u8], _at: u64) -> Result<usize, String> {
+        buf.fill(0);
+        Ok(buf.len())
+    }
+
+    fn is_ceiling(&self) -> bool {
+        true
+    }
+}
+
+/// A ceiling's samples on one case, pooled by block size: (block size index, ceiling, samples,
+/// busy samples).
+type Pooled = (usize, &'static str, Vec<f64>, usize);
+
+/// The measuring body: every block size of one file (`{file}/{bs}/{setting}`), its `systems`
+/// in rotation, each system's GiB/s recorded and the per-round ratio of the first (batched)
+/// over each other one. Adds each case's counters, and its ceiling's samples to `pooled`.
+fn measure_file(
+    report: &mut Report,
+    (sizes, reps, bar): (&Sizes, usize, &ProgressBar),
+    buffer: &mut [u8],
+    systems: &mut [Box<dyn Reader + '_>],
+    (file, setting): (&str, &str),
+    pooled: &mut Vec<Pooled>,
+    counters: &mut Vec<serde_json::Value>,
+) -> Result<(), String> {
+    for (b, (bs, bs_name)) in BLOCKS.into_iter().enumerate() {
+        let case = format!("{file}/{bs_name}/{setting}");
+        bar.set_message(case.clone());
+        let buf = &mut buffer[..bs];
+        // (index walks, reads) of each foliocache system over its measurements.
+        let mut walks = vec![(0u64, 0u64); systems.len()];
+        let rounds = interleaved(reps, systems.len(), bar, |k| {
+            let system = &mut systems[k];
+            let before = system.index_walks();
+            let (gibs, reads) = system.measure(buf, sizes.file, sizes.time)?;
+            if let (Some((_, before)), Some((_, after))) = (before, system.index_walks()) {
+                walks[k].0 += after - before;
+                walks[k].1 += reads;
+            }
+            Ok(gibs)
+        })?;
+        let names: Vec<&str> = systems.iter().map(|s| s.name()).collect();
+        for (k, name) in names.iter().enumerate() {
+            report
+                .results
+                .push(rounds.figure(&case, (k, name), "GiB/s", |gibs| *gibs));
+        }
+        // Each round measures every system back to back: the per-round ratio cancels the
+        // machine's slow drift between rounds (BENCH.md: ratios from one run).
+        for (k, name) in names.iter().enumerate().skip(1) {
+            rounds.paired(report, &case, (0, names[0]), (k, name), |gibs| *gibs);
+        }
+        let mut per_case = serde_json::Map::new();
+        per_case.insert("case".into(), json!(case));
+        for (k, system) in systems.iter().enumerate() {
+            if system.is_ceiling() {
+                pooled.push((
+                    b,
+                    system.name(),
+                    rounds.samples[k].clone(),
+                    rounds.busy_count(k),
+                ));
+            }
+            if let Some((counter, _)) = system.index_walks() {
+                let (walked, reads) = walks[k];
+                per_case.insert(
+                    format!("index_walks_per_read_{counter}"),
+                    json!(walked as f64 / reads.max(1) as f64),
+                );
+            }
+        }
+        counters.push(serde_json::Value::Object(per_case));
+    }
+    Ok(())
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
@@ -259,24 +426,24 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     for (i, byte) in source.bytes_mut().iter_mut().enumerate() {
         *byte = (i % 251) as u8;
     }
-    let source = source.bytes_mut();
+    let source: &[u8] = source.bytes_mut();
     let mut counters = Vec::new();
     let mut kernels = Vec::new();
-    let mut ceiling_samples: Vec<(usize, &str, Vec<f64>, usize)> = Vec::new();
+    let mut ceiling_samples: Vec<Pooled> = Vec::new();
     for large in [false, true] {
         let setting = if large { "large-on" } else { "large-off" };
         let tmpfs = Tmpfs::mount(
             if large { "always" } else { "never" },
             2 * sizes.file + (64 << 20),
         );
-        let (kernel_name, tmpfs) = match tmpfs {
+        let tmpfs = match tmpfs {
             Ok(t) => {
                 kernels.push(format!("{setting}: kernel side on {}", t.label));
-                (if large { "kernel-huge" } else { "kernel" }, Some(t))
+                Some(t)
             }
             Err(why) => {
                 kernels.push(format!("{setting}: no kernel figures: {why}"));
-                ("kernel-huge", None)
+                None
             }
         };
         let cache = Cache::builder()
@@ -300,105 +467,43 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     k.read_at(&mut warm, at).map_err(|e| e.to_string())?;
                 }
             }
-            let mut batched = file.handle();
+            let batched = file.handle();
             let mut per_folio = file.handle();
             per_folio.set_read_policy(ReadPolicy::PerFolio);
-            let ceiling_name = if kind == Kind::Normal {
-                "memcpy"
+            let mut systems: Vec<Box<dyn Reader + '_>> = vec![
+                Box::new(Foliocache {
+                    name: BATCHED,
+                    counter: "batched",
+                    file: &file,
+                    handle: batched,
+                }),
+                Box::new(Foliocache {
+                    name: PER_FOLIO,
+                    counter: "per_folio",
+                    file: &file,
+                    handle: per_folio,
+                }),
+            ];
+            if let Some(file) = kernel {
+                let name = if large { "kernel-huge" } else { "kernel" };
+                systems.push(Box::new(Kernel { name, file }));
+            }
+            systems.push(if kind == Kind::Normal {
+                Box::new(Memcpy { source })
             } else {
-                "memset"
-            };
-            let mut systems = vec![System::Batched, System::PerFolio];
-            if kernel.is_some() {
-                systems.push(System::Kernel);
-            }
-            systems.push(System::Ceiling);
-            for (b, (bs, bs_name)) in BLOCKS.into_iter().enumerate() {
-                let case = format!("{}/{bs_name}/{setting}", kind.name());
-                bar.set_message(case.clone());
-                let buf = &mut buffer[..bs];
-                // Every measurement starts at offset 0, so all systems read the same regions of
-                // their files (this VM's memory is not uniformly fast).
-                let mut walks = [(0u64, 0u64); 2];
-                let rounds = interleaved(reps, systems.len(), &bar, |which| {
-                    let mut pos = 0u64;
-                    let before = file.mapping_stats().index_walks;
-                    let (gibs, reads) = match systems[which] {
-                        System::Batched => {
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, p| {
-                                batched.read_at(b, p).map_err(|e| e.to_string())
-                            })?
-                        }
-                        System::PerFolio => {
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, p| {
-                                per_folio.read_at(b, p).map_err(|e| e.to_string())
-                            })?
-                        }
-                        System::Kernel => {
-                            let kernel = kernel.as_ref().ok_or("no kernel file")?;
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, p| {
-                                kernel.read_at(b, p).map_err(|e| e.to_string())
-                            })?
-                        }
-                        System::Ceiling if kind == Kind::Normal => {
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, p| {
-                                let at = p as usize;
-                                b.copy_from_slice(&source[at..at + b.len()]);
-                                Ok(b.len())
-                            })?
-                        }
-                        System::Ceiling => {
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, _| {
-                                b.fill(0);
-                                Ok(b.len())
-                            })?
-                        }
-                    };
-                    if which < 2 {
-                        walks[which].0 += file.mapping_stats().index_walks - before;
-                        walks[which].1 += reads;
-                    }
-                    Ok(gibs)
-                })?;
-                let name = |k: usize| match systems[k] {
-                    System::Batched => "foliocache/batched",
-                    System::PerFolio => "foliocache/per-folio",
-                    System::Kernel => kernel_name,
-                    System::Ceiling => ceiling_name,
-                };
-                for k in 0..systems.len() {
-                    report.results.push(Figure::new(
-                        &case,
-                        name(k),
-                        "GiB/s",
-                        &rounds.samples[k],
-                        rounds.busy_count(k),
-                    ));
-                }
-                // Each round measures every system back to back: the per-round ratio cancels
-                // the machine's slow drift between rounds (BENCH.md: ratios from one run).
-                for k in 1..systems.len() {
-                    report.paired(
-                        &case,
-                        (name(0), &rounds.samples[0]),
-                        (name(k), &rounds.samples[k]),
-                        rounds.busy_rounds(&[0, k]),
-                    );
-                }
-                let c = systems.len() - 1;
-                ceiling_samples.push((
-                    b,
-                    ceiling_name,
-                    rounds.samples[c].clone(),
-                    rounds.busy_count(c),
-                ));
-                counters.push(json!({
-                    "case": case,
-                    "index_walks_per_read_batched": walks[0].0 as f64 / walks[0].1.max(1) as f64,
-                    "index_walks_per_read_per_folio": walks[1].0 as f64 / walks[1].1.max(1) as f64,
-                }));
-            }
-            drop(kernel);
+                Box::new(Memset)
+            });
+            measure_file(
+                &mut report,
+                (&sizes, reps, &bar),
+                buffer,
+                &mut systems,
+                (kind.name(), setting),
+                &mut ceiling_samples,
+                &mut counters,
+            )?;
+            // The kernel's file is closed before it is removed.
+            drop(systems);
             if let Some(t) = &tmpfs {
                 let _ = std::fs::remove_file(t.dir.join(kind.name()));
             }
@@ -445,8 +550,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 .map(|(kind, bs)| {
                     let case = format!("{}/{bs}/{setting}", kind.name());
                     let bars = [
-                        "foliocache/per-folio",
-                        "foliocache/batched",
+                        PER_FOLIO,
+                        BATCHED,
                         "kernel",
                         "kernel-huge",
                         "memcpy",
@@ -514,13 +619,13 @@ fn seed_tables(report: &Report) -> String {
             for (_, bs) in BLOCKS {
                 let case = format!("{}/{bs}/{setting}", kind.name());
                 let (Some(after), Some(before)) = (
-                    median(report, &case, "foliocache/batched"),
-                    median(report, &case, "foliocache/per-folio"),
+                    median(report, &case, BATCHED),
+                    median(report, &case, PER_FOLIO),
                 ) else {
                     continue;
                 };
                 let delta = report
-                    .paired_ratio(&case, BATCHED, "foliocache/per-folio")
+                    .paired_ratio(&case, BATCHED, PER_FOLIO)
                     .map_or_else(|| "–".into(), pct_spread);
                 let kernel = kernel_of(report, &case);
                 let ceiling = ceiling_of(kind);
@@ -580,7 +685,7 @@ fn bars(report: &Report) -> String {
         for kind in KINDS {
             for (_, bs) in BLOCKS {
                 let case = format!("{}/{bs}/{setting}", kind.name());
-                let Some(pair) = report.paired_ratio(&case, BATCHED, "foliocache/per-folio") else {
+                let Some(pair) = report.paired_ratio(&case, BATCHED, PER_FOLIO) else {
                     continue;
                 };
                 let need = if kind != Kind::Normal && bs == "1M" {
@@ -640,15 +745,15 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         let ceiling = ceiling_of(kind);
         let kernel = kernel_of(report, &case);
         let figs = [
-            report.figure(&case, "foliocache/batched", "GiB/s"),
-            report.figure(&case, "foliocache/per-folio", "GiB/s"),
+            report.figure(&case, BATCHED, "GiB/s"),
+            report.figure(&case, PER_FOLIO, "GiB/s"),
         ];
-        if let Some(p) = report.paired_ratio(&case, BATCHED, "foliocache/per-folio") {
+        if let Some(p) = report.paired_ratio(&case, BATCHED, PER_FOLIO) {
             let need = if kind == Kind::Normal { 1.0 } else { 1.2 };
             rows.push(
                 Row::new("004", format!("{} 1M: batched vs per-folio", kind.name()))
-                    .before(gib(&case, "foliocache/per-folio"))
-                    .after(gib(&case, "foliocache/batched"))
+                    .before(gib(&case, PER_FOLIO))
+                    .after(gib(&case, BATCHED))
                     .kernel(kernel.and_then(|k| gib(&case, k)))
                     .limit(gib(&case, ceiling))
                     .ratio(Spread::of(p, Unit::Times))
@@ -673,7 +778,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         for kind in KINDS {
             for (_, bs) in BLOCKS {
                 let case = format!("{}/{bs}/{setting}", kind.name());
-                if let Some(p) = report.paired_ratio(&case, BATCHED, "foliocache/per-folio") {
+                if let Some(p) = report.paired_ratio(&case, BATCHED, PER_FOLIO) {
                     let need = if kind != Kind::Normal && bs == "1M" {
                         1.2
                     } else {
