@@ -198,6 +198,27 @@ impl<T> Rounds<T> {
     }
 }
 
+impl Rounds<f64> {
+    /// Records every system's figure of `metric` on `case` (system `k` is named `names[k]`),
+    /// then the per-round ratio of the first system over each other one.
+    pub(crate) fn record_against_first(
+        &self,
+        report: &mut Report,
+        case: &str,
+        names: &[&str],
+        metric: &str,
+    ) {
+        for (k, name) in names.iter().enumerate() {
+            report
+                .results
+                .push(self.figure(case, (k, name), metric, |v| *v));
+        }
+        for (k, name) in names.iter().enumerate().skip(1) {
+            self.paired(report, case, (0, names[0]), (k, name), |v| *v);
+        }
+    }
+}
+
 /// Samples of `systems` systems measured in rotation, `reps` times each (BENCH.md §1 and §7):
 /// first a wait for an idle machine, then one warm-up round that is thrown away (an idle core
 /// is slow to come back to speed on this VM), then the timed rounds back to back, each sample

@@ -343,17 +343,10 @@ fn measure_file(
             }
             Ok(gibs)
         })?;
-        let names: Vec<&str> = systems.iter().map(|s| s.name()).collect();
-        for (k, name) in names.iter().enumerate() {
-            report
-                .results
-                .push(rounds.figure(&case, (k, name), "GiB/s", |gibs| *gibs));
-        }
         // Each round measures every system back to back: the per-round ratio cancels the
         // machine's slow drift between rounds (BENCH.md: ratios from one run).
-        for (k, name) in names.iter().enumerate().skip(1) {
-            rounds.paired(report, &case, (0, names[0]), (k, name), |gibs| *gibs);
-        }
+        let names: Vec<&str> = systems.iter().map(|s| s.name()).collect();
+        rounds.record_against_first(report, &case, &names, "GiB/s");
         let mut per_case = serde_json::Map::new();
         per_case.insert("case".into(), json!(case));
         for (k, system) in systems.iter().enumerate() {
