@@ -23,7 +23,7 @@
 //!   (`/proc/PID/stat`, 10 ms ticks; db_bench runs under `stdbuf -oL`) to the end.
 //! * Before each run, memory the size of the database and 32 MiB more is touched in huge pages
 //!   and freed (this VM hands idle memory back to the host and a first touch afterwards is
-//!   slow, `baselines.md` §8; see `warm_guest_memory`), for both systems alike; systems
+//!   slow, `docs/BENCHMARKS.md`; see `warm_guest_memory`), for both systems alike; systems
 //!   alternate in order from one repetition to the next, after a wait for an idle machine.
 
 use super::BenchArgs;

@@ -219,7 +219,8 @@ impl Rounds<f64> {
     }
 }
 
-/// Samples of `systems` systems measured in rotation, `reps` times each (BENCH.md §1 and §7):
+/// Samples of `systems` systems measured in rotation, `reps` times each
+/// (`docs/BENCHMARKS.md`'s protocol):
 /// first a wait for an idle machine, then one warm-up round that is thrown away (an idle core
 /// is slow to come back to speed on this VM), then the timed rounds back to back, each sample
 /// under the [`IdleGuard`]. The rotation alternates direction (A B C, C B A, B C A, A C B,

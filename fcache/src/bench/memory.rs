@@ -100,14 +100,13 @@ impl Drop for Mapping {
     }
 }
 
-/// Warms `bytes` of guest memory for whichever system runs next, then gives it back: this VM
-/// hands idle free memory to the host, and a first touch afterwards is slow (`baselines.md`
-/// §8.2). The memory is mapped with huge pages advised and written, so it returns to the
-/// kernel's free lists as whole 2 MiB blocks: the kernel's page cache (which splits them for
-/// its folios) and foliocache's arena (which faults in huge pages) can both reuse them. A
-/// `Vec` freed instead leaves 4 KiB pages that rarely merge back in time; measured with a
-/// probe after a 4 s idle, a following 128 MiB huge-page populate ran at 0.8–1.5 GB/s after
-/// that, and at 13 GB/s after this.
+/// Warms `bytes` of guest memory for whichever system runs next, then gives it back: this VM hands
+/// idle free memory to the host, and a first touch afterwards is slow (`docs/BENCHMARKS.md`). The
+/// memory is mapped with huge pages advised and written, so it returns to the kernel's free lists
+/// as whole 2 MiB blocks: the kernel's page cache (which splits them for its folios) and
+/// foliocache's arena (which faults in huge pages) can both reuse them. A `Vec` freed instead
+/// leaves 4 KiB pages that rarely merge back in time; measured with a probe after a 4 s idle, a
+/// following 128 MiB huge-page populate ran at 0.8–1.5 GB/s after that, and at 13 GB/s after this.
 pub(crate) fn warm_guest_memory(bytes: usize) {
     const HUGE: usize = 2 << 20;
     let len = bytes.next_multiple_of(HUGE);

@@ -12,7 +12,7 @@
 //! * `kernel`: buffered `pread` of the same files, their page cache dropped
 //!   (`POSIX_FADV_DONTNEED`) before each repetition, and memory the size of the data set
 //!   touched and freed right before, so that the kernel is measured and not the hypervisor
-//!   handing back idle memory (`baselines.md` §8);
+//!   handing back idle memory (`docs/BENCHMARKS.md`);
 //! * `device`: the ceiling, O_DIRECT sequential reads of the same files through io_uring, no
 //!   cache, at the best request size and queue depth of a sweep run first (128 KiB to 4 MiB,
 //!   depth 8 and 32: the kernel issues requests up to its window); the files are read at once,
@@ -21,7 +21,7 @@
 //! * `device/reused`: the same into 128 KiB buffers reused as reads complete (they stay in the
 //!   CPU caches, which this VM's disk, a host copy into guest memory, rewards);
 //! * `device/reused-4k-pages`: reused buffers of 4 KiB pages, one segment per page (what fio's
-//!   `malloc`ed buffers get, and what `baselines.md` §6 measured).
+//!   `malloc`ed buffers get, and what the baselines in `docs/BENCHMARKS.md` measured).
 //!
 //! The files hold their own byte offsets, so every record a system returns is checked. Every
 //! pass starts from a cold cache, and this is checked, not assumed: foliocache's files hold no
@@ -449,7 +449,7 @@ impl System for Kernel {
         make_kernel_cold(data.paths)?;
         self.cold_checks += 1;
         // Touch and free memory the size of the data set, so the kernel's fill finds
-        // host-resident memory (`baselines.md` §8).
+        // host-resident memory (`docs/BENCHMARKS.md`).
         warm_guest_memory(data.bytes() as usize);
         let cpu0 = process_cpu();
         let done = pass(data.threads(), data.file_size, &|t, at, buf| {

@@ -1,5 +1,5 @@
 //! Results: figures with medians and spread, the machine they ran on, and their output as a
-//! Markdown table, JSON and an SVG bar plot (BENCH.md §2).
+//! Markdown table, JSON and an SVG bar plot (`docs/BENCHMARKS.md`'s protocol).
 
 use super::measure::{GuardStats, guard_snapshot};
 use serde::{Deserialize, Serialize};
@@ -22,7 +22,8 @@ pub(crate) struct Figure {
     pub(crate) min: f64,
     pub(crate) max: f64,
     pub(crate) runs: usize,
-    /// Set when other work used the machine during at least one of the samples (BENCH.md §7).
+    /// Set when other work used the machine during at least one of the samples (the idle
+    /// guard, `docs/BENCHMARKS.md`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) busy: bool,
     /// How many of the samples were taken while the machine was busy (after re-runs).

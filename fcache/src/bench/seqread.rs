@@ -344,7 +344,7 @@ fn measure_file(
             Ok(gibs)
         })?;
         // Each round measures every system back to back: the per-round ratio cancels the
-        // machine's slow drift between rounds (BENCH.md: ratios from one run).
+        // machine's slow drift between rounds (`docs/BENCHMARKS.md`: ratios from one run).
         let names: Vec<&str> = systems.iter().map(|s| s.name()).collect();
         rounds.record_against_first(report, &case, &names, "GiB/s");
         let mut per_case = serde_json::Map::new();
@@ -503,7 +503,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         }
     }
     bar.finish_and_clear();
-    // The ceilings over every case's rounds, by block size (BENCH.md's `ceiling/{bs}`).
+    // The ceilings over every case's rounds, by block size (`docs/BENCHMARKS.md`'s
+    // `ceiling/{bs}`).
     for (b, (_, bs_name)) in BLOCKS.iter().enumerate() {
         for ceiling in ["memcpy", "memset"] {
             let (samples, busy) = ceiling_samples

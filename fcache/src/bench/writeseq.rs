@@ -1,6 +1,6 @@
 //! `fcache bench writeseq`: the write path against the kernel's and the device's.
 //!
-//! Cases (BENCH.md names):
+//! Cases (as `docs/BENCHMARKS.md` names them):
 //! * `seq-1M`: 1 MiB writes filling a 256 MiB file from empty, then `fsync`;
 //! * `rand-4k`: 4 KiB overwrites at random page offsets of an existing file (64 MiB; 16 MiB
 //!   written), then `fsync`;
