@@ -703,46 +703,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             // policy: this VM's memory is not uniformly fast.)
             let cache = build_cache(capacity, sizes.ra_bytes, sizes.request_bytes)?;
             let opened = open_files(&cache, data.paths)?;
-            let kernel_files: Vec<std::fs::File> = data
-                .paths
-                .iter()
-                .map(std::fs::File::open)
-                .collect::<Result<_, _>>()
-                .map_err(|e| e.to_string())?;
-            let mut systems: Vec<Box<dyn System + '_>> = Vec::new();
-            for (&(name, _, _, counter), files) in FOLIOCACHE.iter().zip(&opened) {
-                systems.push(Box::new(Foliocache {
-                    name,
-                    counter,
-                    cache: &cache,
-                    all: &opened,
-                    files,
-                    windows: (0, 0),
-                    cold_checks: 0,
-                }));
-            }
-            systems.push(Box::new(Kernel {
-                files: kernel_files,
-                cold_checks: 0,
-            }));
-            for (name, buffers) in [
-                (DEVICE, Buffers::Keep),
-                (REUSED, Buffers::Reused),
-                (REUSED_4K, Buffers::ReusedSmallPages),
-            ] {
-                systems.push(Box::new(Device {
-                    name,
-                    shape: device_shape,
-                    buffers,
-                }));
-            }
+            let mut systems = systems(&cache, &opened, data.paths, device_shape, over)?;
             let mut paired = vec![(BATCHED, SINGLE)];
-            if over {
-                // The over-capacity case compares the two insertion policies under eviction;
-                // the kernel and the device have no such limit and are measured in the first
-                // case.
-                systems.truncate(2);
-            } else {
+            if !over {
                 paired.extend([
                     (BATCHED, KERNEL),
                     (LARGE, KERNEL),
@@ -812,6 +775,61 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         sizes.request_bytes >> 10,
         kernel_ra_kb.map_or_else(|| "unknown".to_string(), |kb| format!("{kb} KiB"))
     ));
+    plots(&mut report);
+    Ok(report)
+}
+
+/// A case's systems, in rotation order: the foliocache ones (on `opened`, each system's files
+/// in `cache`), the kernel and the device's three. The over-capacity case has only batched and
+/// single: it compares the two insertion policies under eviction, and the kernel and the device
+/// have no such limit (they are measured in the first case).
+fn systems<'a>(
+    cache: &'a Cache,
+    opened: &'a [Vec<foliocache::File>],
+    paths: &[PathBuf],
+    device_shape: Shape,
+    over: bool,
+) -> Result<Vec<Box<dyn System + 'a>>, String> {
+    let kernel_files: Vec<std::fs::File> = paths
+        .iter()
+        .map(std::fs::File::open)
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut systems: Vec<Box<dyn System + 'a>> = Vec::new();
+    for (&(name, _, _, counter), files) in FOLIOCACHE.iter().zip(opened) {
+        systems.push(Box::new(Foliocache {
+            name,
+            counter,
+            cache,
+            all: opened,
+            files,
+            windows: (0, 0),
+            cold_checks: 0,
+        }));
+    }
+    systems.push(Box::new(Kernel {
+        files: kernel_files,
+        cold_checks: 0,
+    }));
+    for (name, buffers) in [
+        (DEVICE, Buffers::Keep),
+        (REUSED, Buffers::Reused),
+        (REUSED_4K, Buffers::ReusedSmallPages),
+    ] {
+        systems.push(Box::new(Device {
+            name,
+            shape: device_shape,
+            buffers,
+        }));
+    }
+    if over {
+        systems.truncate(2);
+    }
+    Ok(systems)
+}
+
+/// The plots: every case but the sweep, one plot per metric (ops/s, MiB/s, CPU per GiB).
+fn plots(report: &mut Report) {
     for metric in ["ops/s", "MiB/s", "cpu_s_per_GiB"] {
         let cases: Vec<String> = report
             .results
@@ -854,7 +872,6 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             groups,
         });
     }
-    Ok(report)
 }
 
 fn handle_of(

@@ -311,6 +311,45 @@ impl Reader for Memset {
     }
 }
 
+/// The systems of one file, in rotation order: foliocache batched and per-folio (two handles
+/// on `file`), the kernel (when a tmpfs could be mounted: its file there), and the ceiling of
+/// the file's kind.
+fn systems<'a>(
+    file: &'a File,
+    kernel: Option<std::fs::File>,
+    kind: Kind,
+    large: bool,
+    source: &'a [u8],
+) -> Vec<Box<dyn Reader + 'a>> {
+    let batched = file.handle();
+    let mut per_folio = file.handle();
+    per_folio.set_read_policy(ReadPolicy::PerFolio);
+    let mut systems: Vec<Box<dyn Reader + 'a>> = vec![
+        Box::new(Foliocache {
+            name: BATCHED,
+            counter: "batched",
+            file,
+            handle: batched,
+        }),
+        Box::new(Foliocache {
+            name: PER_FOLIO,
+            counter: "per_folio",
+            file,
+            handle: per_folio,
+        }),
+    ];
+    if let Some(file) = kernel {
+        let name = if large { "kernel-huge" } else { "kernel" };
+        systems.push(Box::new(Kernel { name, file }));
+    }
+    systems.push(if kind == Kind::Normal {
+        Box::new(Memcpy { source })
+    } else {
+        Box::new(Memset)
+    });
+    systems
+}
+
 /// A ceiling's samples on one case, pooled by block size: (block size index, ceiling, samples,
 /// busy samples).
 type Pooled = (usize, &'static str, Vec<f64>, usize);
@@ -460,32 +499,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     k.read_at(&mut warm, at).map_err(|e| e.to_string())?;
                 }
             }
-            let batched = file.handle();
-            let mut per_folio = file.handle();
-            per_folio.set_read_policy(ReadPolicy::PerFolio);
-            let mut systems: Vec<Box<dyn Reader + '_>> = vec![
-                Box::new(Foliocache {
-                    name: BATCHED,
-                    counter: "batched",
-                    file: &file,
-                    handle: batched,
-                }),
-                Box::new(Foliocache {
-                    name: PER_FOLIO,
-                    counter: "per_folio",
-                    file: &file,
-                    handle: per_folio,
-                }),
-            ];
-            if let Some(file) = kernel {
-                let name = if large { "kernel-huge" } else { "kernel" };
-                systems.push(Box::new(Kernel { name, file }));
-            }
-            systems.push(if kind == Kind::Normal {
-                Box::new(Memcpy { source })
-            } else {
-                Box::new(Memset)
-            });
+            let mut systems = systems(&file, kernel, kind, large, source);
             measure_file(
                 &mut report,
                 (&sizes, reps, &bar),
@@ -530,6 +544,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     report.notes.push(tables);
     report.notes.push(bars(&report));
     report.notes.push(kernels.join("  \n"));
+    plots(&mut report);
+    Ok(report)
+}
+
+/// The plots: one per large-folio setting, every file kind and block size, every system.
+fn plots(report: &mut Report) {
     for (setting, title) in [
         ("large-off", "large folios off"),
         ("large-on", "large folios on"),
@@ -563,7 +583,6 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 .collect(),
         });
     }
-    Ok(report)
 }
 
 fn median(report: &Report, case: &str, system: &str) -> Option<f64> {

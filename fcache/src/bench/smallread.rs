@@ -183,6 +183,8 @@ fn case(threads: usize) -> String {
 /// The rotation's samples: total ops/s of each (thread count index, system index) pair.
 struct Measured {
     pairs: Vec<(usize, usize)>,
+    /// The systems' names, by index.
+    names: Vec<&'static str>,
     rounds: Rounds<f64>,
     /// Whether every thread could be pinned to its CPU.
     all_pinned: bool,
@@ -190,10 +192,68 @@ struct Measured {
 
 impl Measured {
     /// The rotation's index of `system` (by name) at the `t`-th thread count.
-    fn at(&self, systems: &[Box<dyn Contender + '_>], t: usize, system: &str) -> Option<usize> {
+    fn at(&self, t: usize, system: &str) -> Option<usize> {
         self.pairs
             .iter()
-            .position(|&(pt, s)| pt == t && systems[s].name() == system)
+            .position(|&(pt, s)| pt == t && self.names[s] == system)
+    }
+
+    /// Records the comparisons between systems, per round: at each thread count frozen-bit over
+    /// cas, optimistic over frozen-bit and over the kernel, and the kernel's cost above the
+    /// syscall floor; and the optimistic read's scaling from 1 to 2 threads as a share of the
+    /// ceiling's.
+    fn compare(&self, report: &mut Report, threads: &[usize], reps: usize) {
+        let rounds = &self.rounds;
+        let samples = &rounds.samples;
+        let at = |t: usize, system: &str| self.at(t, system);
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        for (t, &n) in threads.iter().enumerate() {
+            let case = case(n);
+            for (a, b) in [(FROZEN, CAS), (OPTIMISTIC, FROZEN), (OPTIMISTIC, KERNEL)] {
+                if let (Some(ia), Some(ib)) = (at(t, a), at(t, b)) {
+                    rounds.paired(report, &case, (ia, a), (ib, b), |v| *v);
+                }
+            }
+            // The kernel's cost above the syscall floor, per round (ns per read per thread).
+            if let (Some(k), Some(f)) = (at(t, KERNEL), at(t, SYSCALL)) {
+                let above: Vec<f64> = samples[k]
+                    .iter()
+                    .zip(&samples[f])
+                    .map(|(kernel, floor)| n.min(cpus) as f64 * 1e9 * (1.0 / kernel - 1.0 / floor))
+                    .collect();
+                report.results.push(Figure::new(
+                    &case,
+                    KERNEL,
+                    "ns_above_syscall",
+                    &above,
+                    rounds.busy_rounds(&[k, f]),
+                ));
+            }
+        }
+        // Scaling from 1 to 2 threads as a share of the ceiling's, per round.
+        let at_n = |n: usize, system: &str| {
+            threads
+                .iter()
+                .position(|&m| m == n)
+                .and_then(|t| at(t, system))
+        };
+        if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (
+            at_n(1, OPTIMISTIC),
+            at_n(2, OPTIMISTIC),
+            at_n(1, CEILING),
+            at_n(2, CEILING),
+        ) {
+            let shares: Vec<f64> = (0..reps)
+                .map(|r| (samples[o2][r] / samples[o1][r]) / (samples[c2][r] / samples[c1][r]))
+                .collect();
+            report.results.push(Figure::new(
+                "scaling/2-vs-1-thread",
+                "foliocache/optimistic÷ceiling",
+                "paired_share",
+                &shares,
+                rounds.busy_rounds(&[o1, o2, c1, c2]),
+            ));
+        }
     }
 }
 
@@ -244,6 +304,7 @@ fn measure(
     }
     Ok(Measured {
         pairs,
+        names: systems.iter().map(|s| s.name()).collect(),
         rounds,
         all_pinned,
     })
@@ -321,57 +382,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let measured = measure(&mut report, &systems, &threads, (time, reps, &bar))?;
     let retries =
         vec![json!({"optimistic_retries": frozen.mapping_stats().optimistic_retries - before})];
-    let rounds = &measured.rounds;
-    let samples = &rounds.samples;
-    let at = |t: usize, system: &str| measured.at(&systems, t, system);
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    for (t, &n) in threads.iter().enumerate() {
-        let case = case(n);
-        for (a, b) in [(FROZEN, CAS), (OPTIMISTIC, FROZEN), (OPTIMISTIC, KERNEL)] {
-            if let (Some(ia), Some(ib)) = (at(t, a), at(t, b)) {
-                rounds.paired(&mut report, &case, (ia, a), (ib, b), |v| *v);
-            }
-        }
-        // The kernel's cost above the syscall floor, per round (ns per read per thread).
-        if let (Some(k), Some(f)) = (at(t, KERNEL), at(t, SYSCALL)) {
-            let above: Vec<f64> = samples[k]
-                .iter()
-                .zip(&samples[f])
-                .map(|(kernel, floor)| n.min(cpus) as f64 * 1e9 * (1.0 / kernel - 1.0 / floor))
-                .collect();
-            report.results.push(Figure::new(
-                &case,
-                KERNEL,
-                "ns_above_syscall",
-                &above,
-                rounds.busy_rounds(&[k, f]),
-            ));
-        }
-    }
-    // Scaling from 1 to 2 threads as a share of the ceiling's, per round.
-    let at_n = |n: usize, system: &str| {
-        threads
-            .iter()
-            .position(|&m| m == n)
-            .and_then(|t| at(t, system))
-    };
-    if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (
-        at_n(1, OPTIMISTIC),
-        at_n(2, OPTIMISTIC),
-        at_n(1, CEILING),
-        at_n(2, CEILING),
-    ) {
-        let shares: Vec<f64> = (0..reps)
-            .map(|r| (samples[o2][r] / samples[o1][r]) / (samples[c2][r] / samples[c1][r]))
-            .collect();
-        report.results.push(Figure::new(
-            "scaling/2-vs-1-thread",
-            "foliocache/optimistic÷ceiling",
-            "paired_share",
-            &shares,
-            rounds.busy_rounds(&[o1, o2, c1, c2]),
-        ));
-    }
+    measured.compare(&mut report, &threads, reps);
     bar.finish_and_clear();
     let _ = std::fs::remove_file(&kernel_path);
     report.counters = json!({
@@ -393,7 +404,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
          what the page cache costs beyond entering the kernel on this host."
             .into(),
     );
-    report.plots.push(Plot {
+    let plot = plot(&report, &threads);
+    report.plots.push(plot);
+    Ok(report)
+}
+
+/// The plot: total ops/s of the foliocache reads and the kernel, by thread count.
+fn plot(report: &Report, threads: &[usize]) -> Plot {
+    Plot {
         file: "smallread.svg".into(),
         title: "64-byte reads of one shared page: total ops/s by threads".into(),
         unit: "million reads/s (all threads)".into(),
@@ -412,8 +430,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 (format!("{n} thread(s)"), bars)
             })
             .collect(),
-    });
-    Ok(report)
+    }
 }
 
 fn ops(report: &Report, threads: usize, system: &str) -> Option<f64> {
