@@ -219,14 +219,13 @@ impl Rounds<f64> {
     }
 }
 
-/// Samples of `systems` systems measured in rotation, `reps` times each
-/// (`docs/BENCHMARKS.md`'s protocol):
-/// first a wait for an idle machine, then one warm-up round that is thrown away (an idle core
-/// is slow to come back to speed on this VM), then the timed rounds back to back, each sample
-/// under the [`IdleGuard`]. The rotation alternates direction (A B C, C B A, B C A, A C B,
-/// ...), so no system always runs right after the same other one and inherits its leftovers
-/// (a kernel `pread` run leaves caches and TLBs in another state than a foliocache run).
-/// `measure(k)` measures system `k` once.
+/// Samples of `systems` systems measured in rotation, `reps` times each (`docs/BENCHMARKS.md`'s
+/// protocol): first a wait for an idle machine, then one warm-up round that is thrown away (an idle
+/// core is slow to come back to speed on this VM), then the timed rounds back to back, each sample
+/// under the [`IdleGuard`]. The rotation alternates direction (A B C, C B A, B C A, A C B, ...), so
+/// no system always runs right after the same other one and inherits its leftovers (a kernel
+/// `pread` run leaves caches and TLBs in another state than a foliocache run). `measure(k)`
+/// measures system `k` once.
 pub(crate) fn interleaved<T>(
     reps: usize,
     systems: usize,
@@ -367,6 +366,25 @@ pub(crate) fn thread_cpu() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_system_is_paired_with_each_other_per_round() {
+        let rounds = Rounds {
+            samples: vec![vec![4.0, 6.0], vec![2.0, 2.0], vec![4.0, 3.0]],
+            busy: vec![vec![false, true], vec![false, false], vec![false, false]],
+        };
+        let mut report = Report::new("core", serde_json::json!({}));
+        rounds.record_against_first(&mut report, "c", &["a", "b", "c"], "GiB/s");
+        let figure = report.figure("c", "a", "GiB/s").unwrap();
+        assert_eq!((figure.median, figure.busy_samples), (5.0, 1));
+        assert!(report.figure("c", "c", "GiB/s").is_some());
+        assert_eq!(report.paired_ratio("c", "a", "b").unwrap().median, 2.5);
+        assert_eq!(
+            report.paired_ratio("c", "a", "c").unwrap().samples,
+            vec![1.0, 2.0]
+        );
+        assert!(report.paired_ratio("c", "b", "c").is_none());
+    }
 
     #[test]
     fn busy_needs_two_ticks_and_five_percent() {
