@@ -9,7 +9,8 @@
 //!   `add_folio_range` (one lock hold), in ns per folio.
 
 use super::BenchArgs;
-use super::report::{Figure, Placement, Plot, Report, interleaved, run_threads};
+use super::measure::{Placement, interleaved, run_threads};
+use super::report::{Figure, Plot, Report};
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::refcount::RefCount;
 use foliocache::raw::{self, NewFolio};
@@ -361,9 +362,7 @@ fn insertion(
 pub(crate) fn summary(report: &Report) -> Vec<Row> {
     let mut rows = Vec::new();
     let case = "try_get+put/threads=2";
-    if let Some(paired) =
-        report.figure(case, "foliocache/frozen-bit÷foliocache/cas", "paired_ratio")
-    {
+    if let Some(paired) = report.paired_ratio(case, POLICIES[0].0, POLICIES[1].0) {
         let frozen = report.figure(case, POLICIES[0].0, "Mops/s");
         let cas = report.figure(case, POLICIES[1].0, "Mops/s");
         rows.push(

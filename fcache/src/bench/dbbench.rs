@@ -23,12 +23,14 @@
 //!   (`/proc/PID/stat`, 10 ms ticks; db_bench runs under `stdbuf -oL`) to the end.
 //! * Before each run, memory the size of the database and 32 MiB more is touched in huge pages
 //!   and freed (this VM hands idle memory back to the host and a first touch afterwards is
-//!   slow, `baselines.md` §8; see `warm_guest_memory`), for both systems alike; systems
+//!   slow, `docs/BENCHMARKS.md`; see `warm_guest_memory`), for both systems alike; systems
 //!   alternate in order from one repetition to the next, after a wait for an idle machine.
 
 use super::BenchArgs;
-use super::readseq::{data_dir, settle};
-use super::report::{Figure, IdleGuard, Plot, Report, wait_for_idle};
+use super::files::data_dir;
+use super::measure::{IdleGuard, settle, wait_for_idle};
+use super::memory::{Mapping, warm_guest_memory};
+use super::report::{Figure, Plot, Report};
 use super::summary::{Row, Spread, Unit, value};
 use crate::run::{find_preload, preload_env};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -38,13 +40,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const SYSTEMS: [&str; 3] = ["kernel", "foliocache", "kernel-mmap"];
-/// The index of foliocache in [`SYSTEMS`].
-const FOLIOCACHE: usize = 1;
-/// The index of the zero-copy limit in [`SYSTEMS`]: RocksDB reading through `mmap` of the
-/// kernel's page cache (`--mmap_read=1`): no system call, no copy, and no block buffer to
-/// allocate or to put in the block cache. No cache behind `pread` can do better.
-const MMAP: usize = 2;
+/// The systems' names in the figures.
+const KERNEL: &str = "kernel";
+const FOLIOCACHE: &str = "foliocache";
+/// The zero-copy limit: RocksDB reading through `mmap` of the kernel's page cache
+/// (`--mmap_read=1`): no system call, no copy, and no block buffer to allocate or to put in
+/// the block cache. No cache behind `pread` can do better.
+const MMAP: &str = "kernel-mmap";
+/// Every system, in the order of a forward repetition (and the plot's bar order).
+const SYSTEMS: [&str; 3] = [KERNEL, FOLIOCACHE, MMAP];
 const WORKLOADS: [&str; 2] = ["readseq", "readrandom"];
 
 struct Sizes {
@@ -246,36 +250,12 @@ fn drop_kernel_cache(dir: &Path) -> Result<u64, String> {
 
 /// Pages of `file` in the kernel's page cache (`mincore` over a read-only mapping).
 fn resident_pages(file: &std::fs::File) -> Result<u64, String> {
-    use std::os::fd::AsRawFd;
     let len = file.metadata().map_err(|e| e.to_string())?.len() as usize;
     if len == 0 {
         return Ok(0);
     }
-    // SAFETY: a new shared read-only mapping of an open file; nothing else refers to it and it
-    // is unmapped below.
-    let map = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            file.as_raw_fd(),
-            0,
-        )
-    };
-    if map == libc::MAP_FAILED {
-        return Err(format!("mmap: {}", std::io::Error::last_os_error()));
-    }
-    let pages = len.div_ceil(4096);
-    let mut vec = vec![0u8; pages];
-    // SAFETY: `map` is a mapping of `len` bytes and `vec` has one byte per page of it.
-    let rc = unsafe { libc::mincore(map, len, vec.as_mut_ptr()) };
-    // SAFETY: unmapping the mapping made above, which nothing else uses.
-    unsafe { libc::munmap(map, len) };
-    if rc != 0 {
-        return Err(format!("mincore: {}", std::io::Error::last_os_error()));
-    }
-    Ok(vec.iter().filter(|b| **b & 1 != 0).count() as u64)
+    let map = Mapping::file(file, len).map_err(|e| format!("mmap: {e}"))?;
+    map.resident_pages().map_err(|e| format!("mincore: {e}"))
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -289,6 +269,236 @@ fn dir_bytes(dir: &Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
+}
+
+/// A system dbbench measures: what it is called, and how db_bench runs through it.
+trait System {
+    /// The system's name in the figures.
+    fn name(&self) -> &'static str;
+
+    /// The environment db_bench runs in.
+    fn env(&self) -> &[(String, String)] {
+        &[]
+    }
+
+    /// What it adds to db_bench's arguments.
+    fn args(&self) -> &[&'static str] {
+        &[]
+    }
+
+    /// Called right before each db_bench run.
+    fn before_run(&self) {}
+
+    /// Its own counters after its latest run (the cache's, for the preload library).
+    fn counters(&self) -> Option<serde_json::Value> {
+        None
+    }
+}
+
+/// The kernel: db_bench as it is, reading with `pread` through the kernel's page cache.
+struct Kernel;
+
+impl System for Kernel {
+    fn name(&self) -> &'static str {
+        KERNEL
+    }
+}
+
+/// foliocache: db_bench with the preload library serving the database directory.
+struct Preload<'a> {
+    env: &'a [(String, String)],
+    /// Where the library writes its cache's counters when the process ends.
+    stats: &'a Path,
+}
+
+impl System for Preload<'_> {
+    fn name(&self) -> &'static str {
+        FOLIOCACHE
+    }
+
+    fn env(&self) -> &[(String, String)] {
+        self.env
+    }
+
+    fn before_run(&self) {
+        let _ = std::fs::remove_file(self.stats);
+    }
+
+    /// The cache's own counters of the last (cold + warm) run, as a check that it served the
+    /// reads.
+    fn counters(&self) -> Option<serde_json::Value> {
+        let text = std::fs::read_to_string(self.stats).unwrap_or_default();
+        serde_json::from_str(text.lines().next()?).ok()
+    }
+}
+
+/// The zero-copy limit: RocksDB reading the kernel's page cache through `mmap`.
+struct Mmap;
+
+impl System for Mmap {
+    fn name(&self) -> &'static str {
+        MMAP
+    }
+
+    fn args(&self) -> &[&'static str] {
+        &["--mmap_read=1"]
+    }
+}
+
+/// What every db_bench run of the suite shares: the program, the database and its size, the
+/// repetitions and the progress bar.
+struct Bench<'a> {
+    program: &'a Path,
+    db: &'a Path,
+    db_bytes: u64,
+    reps: usize,
+    bar: &'a ProgressBar,
+}
+
+/// One workload's samples, `[system][cold, warm]`: ops/s, CPU seconds, and how many were
+/// taken on a busy machine (db_bench is our child: the idle guard counts its CPU time as ours
+/// once it is waited for). And the outcome of the first run with 1 and 2 passes (system,
+/// outcome).
+struct Samples {
+    ops: Vec<[Vec<f64>; 2]>,
+    cpu: Vec<[Vec<f64>; 2]>,
+    busy: Vec<[usize; 2]>,
+    expected: [Option<(&'static str, Vec<String>)>; 2],
+}
+
+/// The measuring body: one workload, each repetition running every system in turn (forward on
+/// even repetitions, backward on odd ones) after a wait for an idle machine. A system's turn is
+/// db_bench from cold with one pass (the cold figure), then from cold with two (the second is
+/// the warm figure), each under the idle guard. Every run must find what the first did,
+/// whichever system it ran through. Counts the database pages that stayed resident after each
+/// drop, and keeps each system's counters of its last turn in `counters`.
+fn measure_workload(
+    bench: &Bench<'_>,
+    workload: &str,
+    run_args: &[String],
+    systems: &[Box<dyn System + '_>],
+    resident_after_drop: &mut u64,
+    counters: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<Samples, String> {
+    let n = systems.len();
+    let mut samples = Samples {
+        ops: vec![Default::default(); n],
+        cpu: vec![Default::default(); n],
+        busy: vec![[0; 2]; n],
+        expected: [None, None],
+    };
+    let mut guard = IdleGuard::new();
+    let reps = bench.reps;
+    for rep in 0..reps {
+        wait_for_idle(Duration::from_secs(3));
+        for step in 0..n {
+            // Forward on even repetitions, backward on odd ones.
+            let k = if rep % 2 == 0 { step } else { n - 1 - step };
+            let system = &systems[k];
+            let mut results = Vec::new();
+            for passes in [1, 2] {
+                bench.bar.set_message(format!(
+                    "{workload} {} rep {}/{reps}",
+                    system.name(),
+                    rep + 1
+                ));
+                *resident_after_drop += drop_kernel_cache(bench.db)?;
+                warm_guest_memory(bench.db_bytes as usize + (32 << 20));
+                settle();
+                let mut this = run_args.to_vec();
+                this.push(format!("--benchmarks={}", vec![workload; passes].join(",")));
+                system.before_run();
+                this.extend(system.args().iter().map(|a| (*a).to_owned()));
+                let (result, was_busy) =
+                    guard.sample(|| run_db_bench(bench.program, &this, system.env()))?;
+                samples.busy[k][passes - 1] += usize::from(was_busy);
+                if result.ops.len() != passes {
+                    return Err(format!(
+                        "db_bench printed {} results for {passes} passes",
+                        result.ops.len()
+                    ));
+                }
+                // Every run of this workload, whichever system, must find the same.
+                let first = &mut samples.expected[passes - 1];
+                match first {
+                    None => *first = Some((system.name(), result.outcome.clone())),
+                    Some((who, what)) if *what != result.outcome => {
+                        return Err(format!(
+                            "db_bench's output differs: {what:?} through {who}, {:?} \
+                             through {}",
+                            result.outcome,
+                            system.name()
+                        ));
+                    }
+                    Some(_) => {}
+                }
+                results.push(result);
+                bench.bar.inc(1);
+            }
+            samples.ops[k][0].push(results[0].ops[0]);
+            samples.cpu[k][0].push(results[0].cpu_s[0]);
+            samples.ops[k][1].push(results[1].ops[1]);
+            samples.cpu[k][1].push(results[1].cpu_s[1]);
+            if let Some(value) = system.counters() {
+                counters.insert(format!("{workload}/{}", system.name()), value);
+            }
+        }
+    }
+    Ok(samples)
+}
+
+impl Samples {
+    /// Records the workload's figures (`{workload}/cold`, `{workload}/warm`): every system's
+    /// ops/s and cpu_s, foliocache over the kernel as ratios of medians, and every system over
+    /// the first (the kernel) per repetition. Returns the plot's groups.
+    fn record(
+        &self,
+        report: &mut Report,
+        workload: &str,
+        systems: &[Box<dyn System + '_>],
+    ) -> Vec<(String, Vec<(String, f64)>)> {
+        let mut groups = Vec::new();
+        for (t, temp) in ["cold", "warm"].into_iter().enumerate() {
+            let case = format!("{workload}/{temp}");
+            for (k, system) in systems.iter().enumerate() {
+                report.results.push(Figure::new(
+                    &case,
+                    system.name(),
+                    "ops/s",
+                    &self.ops[k][t],
+                    self.busy[k][t],
+                ));
+                report.results.push(Figure::new(
+                    &case,
+                    system.name(),
+                    "cpu_s",
+                    &self.cpu[k][t],
+                    self.busy[k][t],
+                ));
+            }
+            report.ratio(&case, "ops/s", FOLIOCACHE, KERNEL);
+            report.ratio(&case, "cpu_s", FOLIOCACHE, KERNEL);
+            // Every system runs in every repetition: the per-repetition ratio too.
+            for (k, system) in systems.iter().enumerate().skip(1) {
+                report.paired(
+                    &case,
+                    (system.name(), &self.ops[k][t]),
+                    (systems[0].name(), &self.ops[0][t]),
+                    self.busy[0][t].max(self.busy[k][t]),
+                );
+            }
+            let bars = systems
+                .iter()
+                .filter_map(|system| {
+                    report
+                        .figure(&case, system.name(), "ops/s")
+                        .map(|f| (system.name().to_owned(), f.median / 1e3))
+                })
+                .collect();
+            groups.push((case, bars));
+        }
+        groups
+    }
 }
 
 /// db_bench and the preload library, or what is missing.
@@ -375,6 +585,21 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "dir": db.display().to_string(),
         }),
     );
+    let systems: Vec<Box<dyn System + '_>> = vec![
+        Box::new(Kernel),
+        Box::new(Preload {
+            env: &preload,
+            stats: &stats_path,
+        }),
+        Box::new(Mmap),
+    ];
+    let bench = Bench {
+        program: &program,
+        db: &db,
+        db_bytes,
+        reps,
+        bar: &bar,
+    };
     let mut resident_after_drop = 0u64;
     let mut counters = serde_json::Map::new();
     let mut plot_groups = Vec::new();
@@ -388,129 +613,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         if workload == "readrandom" {
             run_args.push(format!("--reads={}", sizes.random_reads));
         }
-        // samples[system][cold/warm] = (ops/s, cpu_s) per repetition.
-        let mut ops: [[Vec<f64>; 2]; SYSTEMS.len()] = Default::default();
-        let mut cpu: [[Vec<f64>; 2]; SYSTEMS.len()] = Default::default();
-        // Samples taken on a busy machine, per system and cold/warm (db_bench is our child:
-        // the idle guard counts its CPU time as ours once it is waited for).
-        let mut busy = [[0usize; 2]; SYSTEMS.len()];
-        let mut guard = IdleGuard::new();
-        // The outcome of the first run with 1 and 2 passes (system, outcome).
-        let mut expected: [Option<(&str, Vec<String>)>; 2] = [None, None];
-        for rep in 0..reps {
-            wait_for_idle(Duration::from_secs(3));
-            for step in 0..SYSTEMS.len() {
-                // Forward on even repetitions, backward on odd ones.
-                let system = if rep % 2 == 0 {
-                    step
-                } else {
-                    SYSTEMS.len() - 1 - step
-                };
-                let env: &[(String, String)] = if system == FOLIOCACHE { &preload } else { &[] };
-                let mut results = Vec::new();
-                for passes in [1, 2] {
-                    bar.set_message(format!(
-                        "{workload} {} rep {}/{reps}",
-                        SYSTEMS[system],
-                        rep + 1
-                    ));
-                    resident_after_drop += drop_kernel_cache(&db)?;
-                    super::warm_guest_memory(db_bytes as usize + (32 << 20));
-                    settle();
-                    let mut this = run_args.clone();
-                    this.push(format!("--benchmarks={}", vec![workload; passes].join(",")));
-                    if system == FOLIOCACHE {
-                        let _ = std::fs::remove_file(&stats_path);
-                    }
-                    if system == MMAP {
-                        this.push("--mmap_read=1".to_owned());
-                    }
-                    let (result, was_busy) = guard.sample(|| run_db_bench(&program, &this, env))?;
-                    busy[system][passes - 1] += usize::from(was_busy);
-                    if result.ops.len() != passes {
-                        return Err(format!(
-                            "db_bench printed {} results for {passes} passes",
-                            result.ops.len()
-                        ));
-                    }
-                    // Every run of this workload, either system, must find the same.
-                    let first = &mut expected[passes - 1];
-                    match first {
-                        None => *first = Some((SYSTEMS[system], result.outcome.clone())),
-                        Some((who, what)) if *what != result.outcome => {
-                            return Err(format!(
-                                "db_bench's output differs: {what:?} through {who}, {:?} \
-                                 through {}",
-                                result.outcome, SYSTEMS[system]
-                            ));
-                        }
-                        Some(_) => {}
-                    }
-                    results.push(result);
-                    bar.inc(1);
-                }
-                ops[system][0].push(results[0].ops[0]);
-                cpu[system][0].push(results[0].cpu_s[0]);
-                ops[system][1].push(results[1].ops[1]);
-                cpu[system][1].push(results[1].cpu_s[1]);
-                if system == FOLIOCACHE {
-                    // The cache's own counters of the last (cold + warm) run, as a check that it
-                    // served the reads.
-                    let text = std::fs::read_to_string(&stats_path).unwrap_or_default();
-                    if let Some(line) = text.lines().next()
-                        && let Ok(value) = serde_json::from_str::<serde_json::Value>(line)
-                    {
-                        counters.insert(format!("{workload}/foliocache"), value);
-                    }
-                }
-            }
-        }
-        let mut groups = Vec::new();
-        for (temp_index, temp) in ["cold", "warm"].into_iter().enumerate() {
-            let case = format!("{workload}/{temp}");
-            for (system, name) in SYSTEMS.iter().enumerate() {
-                report.results.push(Figure::new(
-                    &case,
-                    name,
-                    "ops/s",
-                    &ops[system][temp_index],
-                    busy[system][temp_index],
-                ));
-                report.results.push(Figure::new(
-                    &case,
-                    name,
-                    "cpu_s",
-                    &cpu[system][temp_index],
-                    busy[system][temp_index],
-                ));
-            }
-            report.ratio(&case, "ops/s", "foliocache", "kernel");
-            report.ratio(&case, "cpu_s", "foliocache", "kernel");
-            // Both systems run in every repetition: the per-repetition ratio too.
-            report.paired(
-                &case,
-                ("foliocache", &ops[FOLIOCACHE][temp_index]),
-                ("kernel", &ops[0][temp_index]),
-                busy[0][temp_index].max(busy[FOLIOCACHE][temp_index]),
-            );
-            report.paired(
-                &case,
-                (SYSTEMS[MMAP], &ops[MMAP][temp_index]),
-                ("kernel", &ops[0][temp_index]),
-                busy[0][temp_index].max(busy[MMAP][temp_index]),
-            );
-            let bars = SYSTEMS
-                .iter()
-                .filter_map(|name| {
-                    report
-                        .figure(&case, name, "ops/s")
-                        .map(|f| ((*name).to_owned(), f.median / 1e3))
-                })
-                .collect();
-            groups.push((case, bars));
-        }
-        plot_groups.extend(groups);
-        if let [Some((_, one)), Some((_, two))] = &expected {
+        let samples = measure_workload(
+            &bench,
+            workload,
+            &run_args,
+            &systems,
+            &mut resident_after_drop,
+            &mut counters,
+        )?;
+        plot_groups.extend(samples.record(&mut report, workload, &systems));
+        if let [Some((_, one)), Some((_, two))] = &samples.expected {
             outcomes.insert(workload.into(), json!([one, two]));
         }
     }
@@ -538,7 +650,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     // Medians of the per-repetition ratios, as the summary checks them.
     let paired = |report: &Report, case: &str, system: &str| {
         report
-            .figure(case, &format!("{system}÷kernel"), "paired_ratio")
+            .paired_ratio(case, system, KERNEL)
             .map_or(f64::NAN, |f| f.median)
     };
     report.notes.push(format!(
@@ -551,7 +663,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
          found) was the same through all three systems.",
         paired(&report, "readseq/cold", "foliocache"),
         paired(&report, "readrandom/warm", "foliocache"),
-        paired(&report, "readrandom/warm", SYSTEMS[MMAP]),
+        paired(&report, "readrandom/warm", MMAP),
     ));
     if resident_after_drop > 0 {
         report.notes.push(format!(
@@ -573,7 +685,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         ("readrandom/cold", None),
         ("readrandom/warm", Some(1.5)),
     ] {
-        let Some(p) = report.figure(case, "foliocache÷kernel", "paired_ratio") else {
+        let Some(p) = report.paired_ratio(case, "foliocache", "kernel") else {
             continue;
         };
         let ops = |s: &str| report.figure(case, s, "ops/s");
@@ -582,7 +694,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             .kernel(value(ops("kernel"), 1e-3, ""))
             // mmap is the limit of a warm cache only (cold, it faults page by page).
             .limit(if case.ends_with("warm") {
-                value(ops(SYSTEMS[MMAP]), 1e-3, "mmap")
+                value(ops(MMAP), 1e-3, "mmap")
             } else {
                 None
             })
@@ -594,14 +706,14 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         rows.push(row);
         // The ceiling of the goal's case: what no cache behind pread can pass.
         if goal.is_some_and(|g| g > 1.0)
-            && let Some(limit) = report.figure(case, "kernel-mmap÷kernel", "paired_ratio")
+            && let Some(limit) = report.paired_ratio(case, MMAP, "kernel")
         {
             rows.push(
                 Row::new("000", format!("db_bench {case}: mmap vs kernel"))
                     .kernel(value(ops("kernel"), 1e-3, ""))
-                    .limit(value(ops(SYSTEMS[MMAP]), 1e-3, "mmap"))
+                    .limit(value(ops(MMAP), 1e-3, "mmap"))
                     .ratio(Spread::of(limit, Unit::Times))
-                    .busy_from(&[Some(limit), ops(SYSTEMS[MMAP]), ops("kernel")]),
+                    .busy_from(&[Some(limit), ops(MMAP), ops("kernel")]),
             );
         }
     }

@@ -10,9 +10,11 @@
 //! the device, I/O count, read amplification (bytes read over the bytes of distinct pages
 //! faulted), index metadata, and the cost of a fault that hits (interleaved repetitions).
 
-use super::report::{Figure, Plot, Ratio, RatioKind, Report, fmt, interleaved, median};
+use super::BenchArgs;
+use super::measure::interleaved;
+use super::report::{Figure, Plot, Ratio, RatioKind, Report, fmt, median};
+use super::rng::Rng;
 use super::summary::{Row, Spread, Unit};
-use super::{BenchArgs, Rng};
 use foliocache::{Cache, File, OpenOptions, Policy, Region, RegionHint};
 use indicatif::{ProgressBar, ProgressStyle};
 use object::read::elf::{ElfFile64, ProgramHeader};

@@ -529,7 +529,7 @@ mod tests {
 
     #[test]
     fn every_policy_fills_to_capacity_and_never_beats_belady() {
-        let mut rng = super::super::Rng(7);
+        let mut rng = super::super::rng::Rng(7);
         let trace: Vec<u64> = (0..5000)
             .map(|_| rng.below(300).min(rng.below(300)))
             .collect();

@@ -12,7 +12,7 @@
 //! * `kernel`: buffered `pread` of the same files, their page cache dropped
 //!   (`POSIX_FADV_DONTNEED`) before each repetition, and memory the size of the data set
 //!   touched and freed right before, so that the kernel is measured and not the hypervisor
-//!   handing back idle memory (`baselines.md` §8);
+//!   handing back idle memory (`docs/BENCHMARKS.md`);
 //! * `device`: the ceiling, O_DIRECT sequential reads of the same files through io_uring, no
 //!   cache, at the best request size and queue depth of a sweep run first (128 KiB to 4 MiB,
 //!   depth 8 and 32: the kernel issues requests up to its window); the files are read at once,
@@ -21,7 +21,7 @@
 //! * `device/reused`: the same into 128 KiB buffers reused as reads complete (they stay in the
 //!   CPU caches, which this VM's disk, a host copy into guest memory, rewards);
 //! * `device/reused-4k-pages`: reused buffers of 4 KiB pages, one segment per page (what fio's
-//!   `malloc`ed buffers get, and what `baselines.md` §6 measured).
+//!   `malloc`ed buffers get, and what the baselines in `docs/BENCHMARKS.md` measured).
 //!
 //! The files hold their own byte offsets, so every record a system returns is checked. Every
 //! pass starts from a cold cache, and this is checked, not assumed: foliocache's files hold no
@@ -31,7 +31,10 @@
 //! (eviction on).
 
 use super::BenchArgs;
-use super::report::{Figure, Plot, Report, interleaved};
+use super::files::data_dir;
+use super::measure::{interleaved, process_cpu, settle, thread_cpu};
+use super::memory::warm_guest_memory;
+use super::report::{Figure, Plot, Report};
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::probe::{Buffers, Probe};
 use foliocache::{Cache, InsertPolicy};
@@ -44,28 +47,21 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 const RECORD: usize = 8192;
-const SYSTEMS: [&str; 7] = [
-    "foliocache/batched",
-    "foliocache/single",
-    "foliocache/large-folios",
-    "kernel",
-    "device",
-    "device/reused",
-    "device/reused-4k-pages",
-];
-/// Indexes into [`SYSTEMS`].
-const BATCHED: usize = 0;
-const SINGLE: usize = 1;
-const LARGE: usize = 2;
-const KERNEL: usize = 3;
-const DEVICE: usize = 4;
-const REUSED: usize = 5;
-const REUSED_4K: usize = 6;
-/// The foliocache systems: (insertion policy, largest folio order, name in the counters).
-const FOLIOCACHE: [(InsertPolicy, Option<u8>, &str); 3] = [
-    (InsertPolicy::Batched, Some(0), "batched"),
-    (InsertPolicy::Single, Some(0), "single"),
-    (InsertPolicy::Batched, None, "large-folios"),
+/// The systems' names in the figures.
+const BATCHED: &str = "foliocache/batched";
+const SINGLE: &str = "foliocache/single";
+const LARGE: &str = "foliocache/large-folios";
+const KERNEL: &str = "kernel";
+const DEVICE: &str = "device";
+const REUSED: &str = "device/reused";
+const REUSED_4K: &str = "device/reused-4k-pages";
+/// Every system, in rotation order (and the plots' bar order).
+const SYSTEMS: [&str; 7] = [BATCHED, SINGLE, LARGE, KERNEL, DEVICE, REUSED, REUSED_4K];
+/// The foliocache systems: (name, insertion policy, largest folio order, name in the counters).
+const FOLIOCACHE: [(&str, InsertPolicy, Option<u8>, &str); 3] = [
+    (BATCHED, InsertPolicy::Batched, Some(0), "batched"),
+    (SINGLE, InsertPolicy::Single, Some(0), "single"),
+    (LARGE, InsertPolicy::Batched, None, "large-folios"),
 ];
 
 struct Sizes {
@@ -89,38 +85,6 @@ fn kernel_read_ahead_kb(dir: &Path) -> Option<u64> {
     ]
     .iter()
     .find_map(|path| std::fs::read_to_string(path).ok()?.trim().parse().ok())
-}
-
-/// Where the data files go: `--dir`, else the system temporary directory, else the results
-/// directory (on the checkout's file system), whichever first takes O_DIRECT for real (tmpfs
-/// does not).
-pub(crate) fn data_dir(args: &BenchArgs) -> Result<PathBuf, String> {
-    let candidates: Vec<PathBuf> = match &args.dir {
-        Some(dir) => vec![dir.clone()],
-        None => vec![std::env::temp_dir(), args.out.clone()],
-    };
-    let cache = Cache::builder()
-        .capacity(1 << 20)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let mut reasons = Vec::new();
-    for dir in candidates {
-        let probe = dir.join(format!("fcache-readseq-probe-{}", std::process::id()));
-        if let Err(e) = std::fs::write(&probe, [0u8; 4096]) {
-            reasons.push(format!("{}: {e}", dir.display()));
-            continue;
-        }
-        let opened = cache.open(&probe);
-        let _ = std::fs::remove_file(&probe);
-        match opened {
-            Ok(_) => return Ok(dir),
-            Err(e) => reasons.push(e.to_string()),
-        }
-    }
-    Err(format!(
-        "readseq needs a directory on a disk file system (O_DIRECT): {}. Pass --dir DIR.",
-        reasons.join("; ")
-    ))
 }
 
 /// The data files (deleted on drop).
@@ -238,25 +202,6 @@ fn pass(threads: usize, file_size: u64, read: ReadRecord<'_>) -> Result<Pass, St
     })
 }
 
-/// Keeps every CPU busy for a moment before a timed pass. On this VM a vCPU that idled (the
-/// device pass mostly waits) is slow for a while when work comes back, which showed as a 30%
-/// advantage for whichever system ran after a busy one (measured: the same policy in two
-/// positions of the rotation).
-pub(crate) fn settle() {
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    std::thread::scope(|s| {
-        for _ in 0..cpus {
-            s.spawn(|| {
-                let start = Instant::now();
-                let mut x = 0u64;
-                while start.elapsed() < std::time::Duration::from_millis(150) {
-                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
-                }
-            });
-        }
-    });
-}
-
 fn drop_kernel_cache(paths: &[PathBuf]) -> Result<(), String> {
     for path in paths {
         let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
@@ -326,18 +271,6 @@ fn make_cache_cold(
     Ok(())
 }
 
-/// CPU time of the whole process (all threads), in seconds.
-fn process_cpu() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-}
-
-/// CPU time of the calling thread, in seconds.
-fn thread_cpu() -> f64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
-    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
-}
-
 /// One measurement of one system.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
@@ -347,6 +280,19 @@ struct Sample {
     latency_us: [f64; 3],
     /// CPU seconds the process used per GiB read.
     cpu_s_per_gib: f64,
+}
+
+impl Sample {
+    /// A pass read record by record, which took `cpu` CPU seconds over `gib` GiB.
+    fn of_pass(done: &Pass, cpu: f64, gib: f64) -> Self {
+        let q = |p: f64| done.latency.value_at_quantile(p) as f64 / 1000.0;
+        Self {
+            ops_per_sec: done.ops_per_sec,
+            mib_per_sec: done.bytes_per_sec / f64::from(1 << 20),
+            latency_us: [q(0.50), q(0.75), q(0.99)],
+            cpu_s_per_gib: cpu / gib,
+        }
+    }
 }
 
 /// A device request shape: request bytes and queue depth in all (split between the files).
@@ -360,6 +306,302 @@ impl Shape {
     fn name(self) -> String {
         format!("{}k-qd{}", self.block >> 10, self.depth)
     }
+}
+
+/// What a pass reads: each thread's own file, whole.
+struct Data<'a> {
+    /// One file per thread.
+    paths: &'a [PathBuf],
+    file_size: u64,
+}
+
+impl Data<'_> {
+    fn threads(&self) -> usize {
+        self.paths.len()
+    }
+
+    fn bytes(&self) -> u64 {
+        self.threads() as u64 * self.file_size
+    }
+
+    fn gib(&self) -> f64 {
+        self.bytes() as f64 / f64::from(1u32 << 30)
+    }
+}
+
+/// A system readseq measures: what it is called, and one pass over the data from cold.
+trait System {
+    /// The system's name in the figures.
+    fn name(&self) -> &'static str;
+
+    /// Makes the system's cache of the data cold and checks it is, then reads every thread's
+    /// file once.
+    fn pass(&mut self, data: &Data<'_>) -> Result<Sample, String>;
+
+    /// Whether it reads record by record, so that ops/s and latencies are its figures too (the
+    /// device reads whole files in large requests).
+    fn records(&self) -> bool {
+        true
+    }
+
+    /// How many of its passes were checked to start cold.
+    fn cold_checks(&self) -> usize {
+        0
+    }
+
+    /// Its counters for the case, under its name in them (foliocache's).
+    fn counters(&self) -> Option<(&'static str, serde_json::Value)> {
+        None
+    }
+}
+
+/// foliocache: one file per thread, opened with the system's insertion policy and folio
+/// sizes, in the cache every foliocache system of the case shares.
+struct Foliocache<'a> {
+    name: &'static str,
+    /// Its name in the counters.
+    counter: &'static str,
+    cache: &'a Cache,
+    /// Every foliocache system's files (emptied before each pass, whichever runs).
+    all: &'a [Vec<foliocache::File>],
+    files: &'a [foliocache::File],
+    /// Mapping lock acquisitions and readahead windows over its passes.
+    windows: (u64, u64),
+    cold_checks: usize,
+}
+
+impl System for Foliocache<'_> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn pass(&mut self, data: &Data<'_>) -> Result<Sample, String> {
+        let files = self.files;
+        make_cache_cold(self.all, files, data.paths)?;
+        self.cold_checks += 1;
+        foliocache::raw::drain_cpu_caches(self.cache);
+        let locks0: u64 = files
+            .iter()
+            .map(|f| f.mapping_stats().lock_acquisitions)
+            .sum();
+        let win0: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
+        let handles: Vec<std::sync::Mutex<foliocache::Handle>> = files
+            .iter()
+            .map(|f| std::sync::Mutex::new(f.handle()))
+            .collect();
+        let cpu0 = process_cpu();
+        let done = pass(data.threads(), data.file_size, &|t, at, buf| {
+            let mut handle = handle_of(&handles, t)?;
+            handle.read_at(buf, at).map_err(|e| e.to_string())
+        })?;
+        let cpu = process_cpu() - cpu0;
+        let locks1: u64 = files
+            .iter()
+            .map(|f| f.mapping_stats().lock_acquisitions)
+            .sum();
+        let win1: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
+        self.windows.0 += locks1 - locks0;
+        self.windows.1 += win1 - win0;
+        Ok(Sample::of_pass(&done, cpu, data.gib()))
+    }
+
+    fn cold_checks(&self) -> usize {
+        self.cold_checks
+    }
+
+    fn counters(&self) -> Option<(&'static str, serde_json::Value)> {
+        let ra = self
+            .files
+            .iter()
+            .map(foliocache::File::readahead_stats)
+            .fold(foliocache::RaStats::default(), |a, b| a + b);
+        let io = self
+            .files
+            .iter()
+            .map(foliocache::File::io_stats)
+            .fold(foliocache::IoStats::default(), |a, b| a + b);
+        let (locks, wins) = self.windows;
+        Some((
+            self.counter,
+            json!({
+                "mapping_lock_acquisitions_per_window (insertions, and evictions when over capacity)": locks as f64 / wins.max(1) as f64,
+                "readahead": format!("{ra:?}"),
+                "io": format!("{io:?}"),
+                "engine": self.cache.io_engine(),
+            }),
+        ))
+    }
+}
+
+/// The kernel: buffered `pread` of the same files, their page cache dropped before each pass.
+struct Kernel {
+    /// One descriptor per thread.
+    files: Vec<std::fs::File>,
+    cold_checks: usize,
+}
+
+impl System for Kernel {
+    fn name(&self) -> &'static str {
+        KERNEL
+    }
+
+    fn pass(&mut self, data: &Data<'_>) -> Result<Sample, String> {
+        make_kernel_cold(data.paths)?;
+        self.cold_checks += 1;
+        // Touch and free memory the size of the data set, so the kernel's fill finds
+        // host-resident memory (`docs/BENCHMARKS.md`).
+        warm_guest_memory(data.bytes() as usize);
+        let cpu0 = process_cpu();
+        let done = pass(data.threads(), data.file_size, &|t, at, buf| {
+            self.files[t].read_at(buf, at).map_err(|e| e.to_string())
+        })?;
+        Ok(Sample::of_pass(&done, process_cpu() - cpu0, data.gib()))
+    }
+
+    fn cold_checks(&self) -> usize {
+        self.cold_checks
+    }
+}
+
+/// The device: O_DIRECT reads of the same files with no cache, at the sweep's best shape, into
+/// buffers of one kind.
+struct Device {
+    name: &'static str,
+    shape: Shape,
+    buffers: Buffers,
+}
+
+impl System for Device {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn pass(&mut self, data: &Data<'_>) -> Result<Sample, String> {
+        let (rate, cpu) = device_read(data.paths, self.shape, self.buffers)?;
+        Ok(Sample {
+            ops_per_sec: rate / RECORD as f64,
+            mib_per_sec: rate / f64::from(1 << 20),
+            latency_us: [f64::NAN; 3],
+            cpu_s_per_gib: cpu / data.gib(),
+        })
+    }
+
+    fn records(&self) -> bool {
+        false
+    }
+}
+
+/// The measuring body: one case's `systems` in rotation, each pass after a moment of busy
+/// CPUs. Records every system's MiB/s and CPU time per GiB, and for those that read record by
+/// record their ops/s and latencies; then the per-round ratio of ops/s of each pair in
+/// `paired` (each round's own pair was measured minutes apart at most: the median of these
+/// ratios is steadier than a ratio of medians when the disk's speed drifts).
+fn measure_case(
+    report: &mut Report,
+    case: &str,
+    systems: &mut [Box<dyn System + '_>],
+    data: &Data<'_>,
+    paired: &[(&str, &str)],
+    (reps, bar): (usize, &ProgressBar),
+) -> Result<(), String> {
+    let rounds = interleaved(reps, systems.len(), bar, |k| {
+        settle();
+        systems[k].pass(data)
+    })?;
+    for (k, system) in systems.iter().enumerate() {
+        let name = system.name();
+        let mut push = |metric: &str, f: &dyn Fn(&Sample) -> f64| {
+            report
+                .results
+                .push(rounds.figure(case, (k, name), metric, f));
+        };
+        push("MiB/s", &|s| s.mib_per_sec);
+        push("cpu_s_per_GiB", &|s| s.cpu_s_per_gib);
+        if !system.records() {
+            continue;
+        }
+        push("ops/s", &|s| s.ops_per_sec);
+        push("p50_us", &|s| s.latency_us[0]);
+        push("p75_us", &|s| s.latency_us[1]);
+        push("p99_us", &|s| s.latency_us[2]);
+    }
+    let at = |name: &str| systems.iter().position(|s| s.name() == name);
+    for &(a, b) in paired {
+        if let (Some(ia), Some(ib)) = (at(a), at(b)) {
+            rounds.paired(report, case, (ia, a), (ib, b), |s| s.ops_per_sec);
+        }
+    }
+    Ok(())
+}
+
+/// The device sweep of one thread count: every request shape once, each after a moment of busy
+/// CPUs, its figures recorded in the `device-sweep` case. Returns the shape with the most MiB/s.
+fn sweep_device(
+    report: &mut Report,
+    data: &Data<'_>,
+    sweep: &[Shape],
+    bar: &ProgressBar,
+) -> Result<Shape, String> {
+    let case = format!("threads={}/device-sweep", data.threads());
+    let mut best: Option<(Shape, f64)> = None;
+    for &shape in sweep {
+        settle();
+        let (rate, cpu) = device_read(data.paths, shape, Buffers::Keep)?;
+        let mibs = rate / f64::from(1 << 20);
+        report.results.push(Figure::new(
+            &case,
+            &format!("device/{}", shape.name()),
+            "MiB/s",
+            &[mibs],
+            0,
+        ));
+        report.results.push(Figure::new(
+            &case,
+            &format!("device/{}", shape.name()),
+            "cpu_s_per_GiB",
+            &[cpu / data.gib()],
+            0,
+        ));
+        if best.is_none_or(|(_, b)| mibs > b) {
+            best = Some((shape, mibs));
+        }
+        bar.inc(1);
+    }
+    Ok(best.map_or(
+        Shape {
+            block: 128 << 10,
+            depth: 32,
+        },
+        |(s, _)| s,
+    ))
+}
+
+/// Opens each path once per foliocache system, with its insertion policy and folio sizes: each
+/// system its own files on the same memory (a file opened apart).
+fn open_files(cache: &Cache, paths: &[PathBuf]) -> Result<Vec<Vec<foliocache::File>>, String> {
+    FOLIOCACHE
+        .iter()
+        .map(|&(_, insert, max_order, _)| {
+            paths
+                .iter()
+                .map(|p| {
+                    let mut options = foliocache::OpenOptions::new()
+                        .shared(false)
+                        .insert_policy(insert);
+                    if let Some(order) = max_order {
+                        options = options.max_order(order);
+                    }
+                    cache.open_with(p, options)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .collect::<Result<_, _>>()
+        .map_err(|e| match e {
+            foliocache::Error::NoDirectIo { .. } => {
+                format!("{e}\n(readseq needs a disk file system: pass --dir DIR on one)")
+            }
+            other => other.to_string(),
+        })
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
@@ -435,42 +677,14 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let mut counters = serde_json::Map::new();
     let mut cold_checks = 0usize;
     for &threads in &threads_list {
-        let paths = &files.paths[..threads];
-        let data = threads as u64 * sizes.file;
+        let data = Data {
+            paths: &files.paths[..threads],
+            file_size: sizes.file,
+        };
         // The device's best shape, swept once per thread count; the rotation then measures it
         // in every round beside the systems.
         bar.set_message(format!("threads={threads}: device sweep"));
-        let mut best: Option<(Shape, f64)> = None;
-        for &shape in &sweep {
-            settle();
-            let (rate, cpu) = device_read(paths, shape, Buffers::Keep)?;
-            let mibs = rate / f64::from(1 << 20);
-            report.results.push(Figure::new(
-                &format!("threads={threads}/device-sweep"),
-                &format!("device/{}", shape.name()),
-                "MiB/s",
-                &[mibs],
-                0,
-            ));
-            report.results.push(Figure::new(
-                &format!("threads={threads}/device-sweep"),
-                &format!("device/{}", shape.name()),
-                "cpu_s_per_GiB",
-                &[cpu / (data as f64 / f64::from(1u32 << 30))],
-                0,
-            ));
-            if best.is_none_or(|(_, b)| mibs > b) {
-                best = Some((shape, mibs));
-            }
-            bar.inc(1);
-        }
-        let device_shape = best.map_or(
-            Shape {
-                block: 128 << 10,
-                depth: 32,
-            },
-            |(s, _)| s,
-        );
+        let device_shape = sweep_device(&mut report, &data, &sweep, &bar)?;
         for over in [false, true] {
             let case = if over {
                 format!("threads={threads}/over-capacity")
@@ -478,140 +692,21 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 format!("threads={threads}")
             };
             bar.set_message(case.clone());
-            let capacity = if over { data / 4 } else { data + (64 << 20) };
+            let capacity = if over {
+                data.bytes() / 4
+            } else {
+                data.bytes() + (64 << 20)
+            };
             // One cache for every foliocache system: a file per path and system, each with its
             // insertion policy and folio sizes, on the same memory. (Two caches built one after
             // the other gave the first-built one 20-30% less throughput with the very same
             // policy: this VM's memory is not uniformly fast.)
             let cache = build_cache(capacity, sizes.ra_bytes, sizes.request_bytes)?;
-            let opened: Vec<Vec<foliocache::File>> = FOLIOCACHE
-                .iter()
-                .map(|&(insert, max_order, _)| {
-                    paths
-                        .iter()
-                        .map(|p| {
-                            // Each system its own file on the same memory (a file opened apart).
-                            let mut options = foliocache::OpenOptions::new()
-                                .shared(false)
-                                .insert_policy(insert);
-                            if let Some(order) = max_order {
-                                options = options.max_order(order);
-                            }
-                            cache.open_with(p, options)
-                        })
-                        .collect::<Result<Vec<_>, _>>()
-                })
-                .collect::<Result<_, _>>()
-                .map_err(|e| match e {
-                    foliocache::Error::NoDirectIo { .. } => {
-                        format!("{e}\n(readseq needs a disk file system: pass --dir DIR on one)")
-                    }
-                    other => other.to_string(),
-                })?;
-            let kernel_files: Vec<std::fs::File> = paths
-                .iter()
-                .map(std::fs::File::open)
-                .collect::<Result<_, _>>()
-                .map_err(|e| e.to_string())?;
-            // The over-capacity case compares the two insertion policies under eviction; the
-            // kernel and the device have no such limit and are measured in the first case.
-            let systems = if over { SINGLE + 1 } else { SYSTEMS.len() };
-            let mut windows = [(0u64, 0u64); FOLIOCACHE.len()];
-            let gib = data as f64 / f64::from(1u32 << 30);
-            let rounds = interleaved(reps, systems, &bar, |which| {
-                settle();
-                let (done, cpu) = match which {
-                    BATCHED | SINGLE | LARGE => {
-                        let files = &opened[which];
-                        make_cache_cold(&opened, files, paths)?;
-                        cold_checks += 1;
-                        foliocache::raw::drain_cpu_caches(&cache);
-                        let locks0: u64 = files
-                            .iter()
-                            .map(|f| f.mapping_stats().lock_acquisitions)
-                            .sum();
-                        let win0: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
-                        let handles: Vec<std::sync::Mutex<foliocache::Handle>> = files
-                            .iter()
-                            .map(|f| std::sync::Mutex::new(f.handle()))
-                            .collect();
-                        let cpu0 = process_cpu();
-                        let done = pass(threads, sizes.file, &|t, at, buf| {
-                            let mut handle = handle_of(&handles, t)?;
-                            handle.read_at(buf, at).map_err(|e| e.to_string())
-                        })?;
-                        let cpu = process_cpu() - cpu0;
-                        let locks1: u64 = files
-                            .iter()
-                            .map(|f| f.mapping_stats().lock_acquisitions)
-                            .sum();
-                        let win1: u64 = files.iter().map(|f| f.readahead_stats().windows).sum();
-                        windows[which].0 += locks1 - locks0;
-                        windows[which].1 += win1 - win0;
-                        (done, cpu)
-                    }
-                    KERNEL => {
-                        make_kernel_cold(paths)?;
-                        cold_checks += 1;
-                        // Touch and free memory the size of the data set, so the kernel's fill
-                        // finds host-resident memory (`baselines.md` §8).
-                        super::warm_guest_memory(data as usize);
-                        let cpu0 = process_cpu();
-                        let done = pass(threads, sizes.file, &|t, at, buf| {
-                            kernel_files[t].read_at(buf, at).map_err(|e| e.to_string())
-                        })?;
-                        (done, process_cpu() - cpu0)
-                    }
-                    _ => {
-                        let buffers = match which {
-                            DEVICE => Buffers::Keep,
-                            REUSED => Buffers::Reused,
-                            _ => Buffers::ReusedSmallPages,
-                        };
-                        let (rate, cpu) = device_read(paths, device_shape, buffers)?;
-                        return Ok(Sample {
-                            ops_per_sec: rate / RECORD as f64,
-                            mib_per_sec: rate / f64::from(1 << 20),
-                            latency_us: [f64::NAN; 3],
-                            cpu_s_per_gib: cpu / gib,
-                        });
-                    }
-                };
-                let q = |p: f64| done.latency.value_at_quantile(p) as f64 / 1000.0;
-                Ok(Sample {
-                    ops_per_sec: done.ops_per_sec,
-                    mib_per_sec: done.bytes_per_sec / f64::from(1 << 20),
-                    latency_us: [q(0.50), q(0.75), q(0.99)],
-                    cpu_s_per_gib: cpu / gib,
-                })
-            })?;
-            for (which, &system) in SYSTEMS.iter().enumerate().take(systems) {
-                let busy = rounds.busy_count(which);
-                let mut push = |metric: &str, f: &dyn Fn(&Sample) -> f64| {
-                    report.results.push(Figure::new(
-                        &case,
-                        system,
-                        metric,
-                        &rounds.metric(which, f),
-                        busy,
-                    ));
-                };
-                push("MiB/s", &|s| s.mib_per_sec);
-                push("cpu_s_per_GiB", &|s| s.cpu_s_per_gib);
-                if which >= DEVICE {
-                    continue;
-                }
-                push("ops/s", &|s| s.ops_per_sec);
-                push("p50_us", &|s| s.latency_us[0]);
-                push("p75_us", &|s| s.latency_us[1]);
-                push("p99_us", &|s| s.latency_us[2]);
-            }
-            // Ratios of each round's own pair (both measured minutes apart at most), whose
-            // median is steadier than a ratio of medians when the disk's speed drifts.
-            let ops = |k: usize| rounds.metric(k, |s| s.ops_per_sec);
-            let mut pairs = vec![(BATCHED, SINGLE)];
+            let opened = open_files(&cache, data.paths)?;
+            let mut systems = systems(&cache, &opened, data.paths, device_shape, over)?;
+            let mut paired = vec![(BATCHED, SINGLE)];
             if !over {
-                pairs.extend([
+                paired.extend([
                     (BATCHED, KERNEL),
                     (LARGE, KERNEL),
                     (BATCHED, DEVICE),
@@ -619,40 +714,26 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     (KERNEL, DEVICE),
                 ]);
             }
-            for (a, b) in pairs {
-                report.paired(
-                    &case,
-                    (SYSTEMS[a], &ops(a)),
-                    (SYSTEMS[b], &ops(b)),
-                    rounds.busy_rounds(&[a, b]),
-                );
-            }
+            measure_case(
+                &mut report,
+                &case,
+                &mut systems,
+                &data,
+                &paired,
+                (reps, &bar),
+            )?;
             if !over {
                 // The buffer variants against the ceiling: ratios of medians (informative only).
                 for (a, b) in [(REUSED, DEVICE), (REUSED, REUSED_4K)] {
-                    report.ratio(&case, "MiB/s", SYSTEMS[a], SYSTEMS[b]);
+                    report.ratio(&case, "MiB/s", a, b);
                 }
             }
             let mut per_case = serde_json::Map::new();
-            for (k, &(_, _, name)) in FOLIOCACHE.iter().enumerate().take(systems) {
-                let ra = opened[k]
-                    .iter()
-                    .map(foliocache::File::readahead_stats)
-                    .fold(foliocache::RaStats::default(), |a, b| a + b);
-                let io = opened[k]
-                    .iter()
-                    .map(foliocache::File::io_stats)
-                    .fold(foliocache::IoStats::default(), |a, b| a + b);
-                let (locks, wins) = windows[k];
-                per_case.insert(
-                    name.into(),
-                    json!({
-                        "mapping_lock_acquisitions_per_window (insertions, and evictions when over capacity)": locks as f64 / wins.max(1) as f64,
-                        "readahead": format!("{ra:?}"),
-                        "io": format!("{io:?}"),
-                        "engine": cache.io_engine(),
-                    }),
-                );
+            for system in &systems {
+                if let Some((name, value)) = system.counters() {
+                    per_case.insert(name.into(), value);
+                }
+                cold_checks += system.cold_checks();
             }
             per_case.insert(
                 "reclaim (all)".into(),
@@ -694,6 +775,61 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         sizes.request_bytes >> 10,
         kernel_ra_kb.map_or_else(|| "unknown".to_string(), |kb| format!("{kb} KiB"))
     ));
+    plots(&mut report);
+    Ok(report)
+}
+
+/// A case's systems, in rotation order: the foliocache ones (on `opened`, each system's files
+/// in `cache`), the kernel and the device's three. The over-capacity case has only batched and
+/// single: it compares the two insertion policies under eviction, and the kernel and the device
+/// have no such limit (they are measured in the first case).
+fn systems<'a>(
+    cache: &'a Cache,
+    opened: &'a [Vec<foliocache::File>],
+    paths: &[PathBuf],
+    device_shape: Shape,
+    over: bool,
+) -> Result<Vec<Box<dyn System + 'a>>, String> {
+    let kernel_files: Vec<std::fs::File> = paths
+        .iter()
+        .map(std::fs::File::open)
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut systems: Vec<Box<dyn System + 'a>> = Vec::new();
+    for (&(name, _, _, counter), files) in FOLIOCACHE.iter().zip(opened) {
+        systems.push(Box::new(Foliocache {
+            name,
+            counter,
+            cache,
+            all: opened,
+            files,
+            windows: (0, 0),
+            cold_checks: 0,
+        }));
+    }
+    systems.push(Box::new(Kernel {
+        files: kernel_files,
+        cold_checks: 0,
+    }));
+    for (name, buffers) in [
+        (DEVICE, Buffers::Keep),
+        (REUSED, Buffers::Reused),
+        (REUSED_4K, Buffers::ReusedSmallPages),
+    ] {
+        systems.push(Box::new(Device {
+            name,
+            shape: device_shape,
+            buffers,
+        }));
+    }
+    if over {
+        systems.truncate(2);
+    }
+    Ok(systems)
+}
+
+/// The plots: every case but the sweep, one plot per metric (ops/s, MiB/s, CPU per GiB).
+fn plots(report: &mut Report) {
     for metric in ["ops/s", "MiB/s", "cpu_s_per_GiB"] {
         let cases: Vec<String> = report
             .results
@@ -736,7 +872,6 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             groups,
         });
     }
-    Ok(report)
 }
 
 fn handle_of(
@@ -807,21 +942,9 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     else {
         return rows;
     };
-    let mibs = |s: usize| report.figure(case, SYSTEMS[s], "MiB/s");
-    let paired = |a: usize, b: usize| {
-        report.figure(
-            case,
-            &format!("{}÷{}", SYSTEMS[a], SYSTEMS[b]),
-            "paired_ratio",
-        )
-    };
-    let cpu = |s: usize| {
-        value(
-            report.figure(case, SYSTEMS[s], "cpu_s_per_GiB"),
-            1.0,
-            "s/GiB",
-        )
-    };
+    let mibs = |s: &str| report.figure(case, s, "MiB/s");
+    let paired = |a: &str, b: &str| report.paired_ratio(case, a, b);
+    let cpu = |s: &str| value(report.figure(case, s, "cpu_s_per_GiB"), 1.0, "s/GiB");
     if let Some(p) = paired(BATCHED, SINGLE) {
         rows.push(
             Row::new("000", "batched vs single insertion (MiB/s)")
@@ -860,8 +983,8 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         );
     }
     if let (Some(b), Some(k)) = (
-        report.figure(case, SYSTEMS[BATCHED], "cpu_s_per_GiB"),
-        report.figure(case, SYSTEMS[KERNEL], "cpu_s_per_GiB"),
+        report.figure(case, BATCHED, "cpu_s_per_GiB"),
+        report.figure(case, KERNEL, "cpu_s_per_GiB"),
     ) {
         rows.push(
             Row::new("000", "CPU s per GiB: batched vs kernel")

@@ -31,8 +31,9 @@
 //! growth over the budget is the run's own peak, not what is left resident at the end.
 
 use super::report::{Figure, Plot, Report};
+use super::rng::Rng;
 use super::summary::{Row, Spread, Unit};
-use super::{BenchArgs, Rng, policies};
+use super::{BenchArgs, policies};
 use foliocache::ReclaimPolicy;
 use foliocache::{Advice, Backend, Cache, File, Policy, ReadRequest};
 use indicatif::{ProgressBar, ProgressStyle};

@@ -12,10 +12,12 @@
 //!   buffer (the source is cold in CPU caches, as the cache's data is), and `memset` of a
 //!   block-size buffer (what a hole read can at best do).
 
-use super::report::{Figure, Plot, Report, fmt, interleaved};
+use super::BenchArgs;
+use super::measure::interleaved;
+use super::memory::{Mapping, touched_buffer};
+use super::report::{Figure, Plot, Report, fmt};
 use super::summary::{Row, Spread, Unit, value};
-use super::{BenchArgs, touched_buffer};
-use foliocache::{Cache, File, ReadPolicy};
+use foliocache::{Cache, File, Handle, ReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 use std::fmt::Write as _;
@@ -25,6 +27,10 @@ use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// The system every other one is compared with, per round: seed 004's batched reads.
+const BATCHED: &str = "foliocache/batched";
+/// The reads before seed 004, one folio at a time.
+const PER_FOLIO: &str = "foliocache/per-folio";
 const BLOCKS: [(usize, &str); 3] = [(1 << 20, "1M"), (64 << 10, "64k"), (4 << 10, "4k")];
 const KINDS: [Kind; 3] = [Kind::Normal, Kind::Fallocated, Kind::Hole];
 
@@ -191,20 +197,217 @@ fn make_kernel_file(dir: &Path, kind: Kind, size: u64) -> Result<std::fs::File, 
     Ok(file)
 }
 
+/// The files' size and the time each measurement reads for.
 struct Sizes {
     file: u64,
     time: Duration,
 }
 
-/// The systems a case measures, in rotation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum System {
-    Batched,
-    PerFolio,
-    Kernel,
-    /// The case's ceiling: memcpy from a file-sized source (normal files), memset (fallocated
-    /// and hole files).
-    Ceiling,
+/// A system seqread measures: what it is called, and how it reads one block of its file.
+trait Reader {
+    /// The system's name in the figures.
+    fn name(&self) -> &'static str;
+
+    /// Reads `buf.len()` bytes at offset `at` and returns how many it read (a ceiling copies or
+    /// fills the buffer instead).
+    fn read(&mut self, buf: &mut [u8], at: u64) -> Result<usize, String>;
+
+    /// For a foliocache system: its name in the counters and its file's index walks so far.
+    fn index_walks(&self) -> Option<(&'static str, u64)> {
+        None
+    }
+
+    /// Whether it is the case's ceiling, whose samples are also pooled by block size.
+    fn is_ceiling(&self) -> bool {
+        false
+    }
+
+    /// One measurement: reads in `buf`-sized blocks for `time` from offset 0, wrapping at
+    /// `size`; returns GiB/s and the number of reads. Every measurement starts at offset 0, so
+    /// all systems read the same regions of their files (this VM's memory is not uniformly
+    /// fast).
+    fn measure(&mut self, buf: &mut [u8], size: u64, time: Duration) -> Result<(f64, u64), String> {
+        let mut pos = 0u64;
+        timed_reads(buf, size, &mut pos, time, |b, at| self.read(b, at))
+    }
+}
+
+/// foliocache: a handle on the memory file, reading batched (seed 004) or per folio (before
+/// it).
+struct Foliocache<'a> {
+    name: &'static str,
+    /// Its name in the counters.
+    counter: &'static str,
+    file: &'a File,
+    handle: Handle,
+}
+
+impl Reader for Foliocache<'_> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn read(&mut self, buf: &mut [u8], at: u64) -> Result<usize, String> {
+        self.handle.read_at(buf, at).map_err(|e| e.to_string())
+    }
+
+    fn index_walks(&self) -> Option<(&'static str, u64)> {
+        Some((self.counter, self.file.mapping_stats().index_walks))
+    }
+}
+
+/// The kernel: `pread` of the same-shaped file on a tmpfs.
+struct Kernel {
+    name: &'static str,
+    file: std::fs::File,
+}
+
+impl Reader for Kernel {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn read(&mut self, buf: &mut [u8], at: u64) -> Result<usize, String> {
+        self.file.read_at(buf, at).map_err(|e| e.to_string())
+    }
+}
+
+/// The ceiling of a normal file: `memcpy` from a file-sized source.
+struct Memcpy<'a> {
+    source: &'a [u8],
+}
+
+impl Reader for Memcpy<'_> {
+    fn name(&self) -> &'static str {
+        "memcpy"
+    }
+
+    fn read(&mut self, buf: &mut [u8], at: u64) -> Result<usize, String> {
+        let at = at as usize;
+        buf.copy_from_slice(&self.source[at..at + buf.len()]);
+        Ok(buf.len())
+    }
+
+    fn is_ceiling(&self) -> bool {
+        true
+    }
+}
+
+/// The ceiling of a fallocated or hole file: `memset` of the buffer.
+struct Memset;
+
+impl Reader for Memset {
+    fn name(&self) -> &'static str {
+        "memset"
+    }
+
+    fn read(&mut self, buf: &mut [u8], _at: u64) -> Result<usize, String> {
+        buf.fill(0);
+        Ok(buf.len())
+    }
+
+    fn is_ceiling(&self) -> bool {
+        true
+    }
+}
+
+/// The systems of one file, in rotation order: foliocache batched and per-folio (two handles
+/// on `file`), the kernel (when a tmpfs could be mounted: its file there), and the ceiling of
+/// the file's kind.
+fn systems<'a>(
+    file: &'a File,
+    kernel: Option<std::fs::File>,
+    kind: Kind,
+    large: bool,
+    source: &'a [u8],
+) -> Vec<Box<dyn Reader + 'a>> {
+    let batched = file.handle();
+    let mut per_folio = file.handle();
+    per_folio.set_read_policy(ReadPolicy::PerFolio);
+    let mut systems: Vec<Box<dyn Reader + 'a>> = vec![
+        Box::new(Foliocache {
+            name: BATCHED,
+            counter: "batched",
+            file,
+            handle: batched,
+        }),
+        Box::new(Foliocache {
+            name: PER_FOLIO,
+            counter: "per_folio",
+            file,
+            handle: per_folio,
+        }),
+    ];
+    if let Some(file) = kernel {
+        let name = if large { "kernel-huge" } else { "kernel" };
+        systems.push(Box::new(Kernel { name, file }));
+    }
+    systems.push(if kind == Kind::Normal {
+        Box::new(Memcpy { source })
+    } else {
+        Box::new(Memset)
+    });
+    systems
+}
+
+/// A ceiling's samples on one case, pooled by block size: (block size index, ceiling, samples,
+/// busy samples).
+type Pooled = (usize, &'static str, Vec<f64>, usize);
+
+/// The measuring body: every block size of one file (`{file}/{bs}/{setting}`), its `systems`
+/// in rotation, each system's GiB/s recorded and the per-round ratio of the first (batched)
+/// over each other one. Adds each case's counters, and its ceiling's samples to `pooled`.
+fn measure_file(
+    report: &mut Report,
+    (sizes, reps, bar): (&Sizes, usize, &ProgressBar),
+    buffer: &mut [u8],
+    systems: &mut [Box<dyn Reader + '_>],
+    (file, setting): (&str, &str),
+    pooled: &mut Vec<Pooled>,
+    counters: &mut Vec<serde_json::Value>,
+) -> Result<(), String> {
+    for (b, (bs, bs_name)) in BLOCKS.into_iter().enumerate() {
+        let case = format!("{file}/{bs_name}/{setting}");
+        bar.set_message(case.clone());
+        let buf = &mut buffer[..bs];
+        // (index walks, reads) of each foliocache system over its measurements.
+        let mut walks = vec![(0u64, 0u64); systems.len()];
+        let rounds = interleaved(reps, systems.len(), bar, |k| {
+            let system = &mut systems[k];
+            let before = system.index_walks();
+            let (gibs, reads) = system.measure(buf, sizes.file, sizes.time)?;
+            if let (Some((_, before)), Some((_, after))) = (before, system.index_walks()) {
+                walks[k].0 += after - before;
+                walks[k].1 += reads;
+            }
+            Ok(gibs)
+        })?;
+        // Each round measures every system back to back: the per-round ratio cancels the
+        // machine's slow drift between rounds (`docs/BENCHMARKS.md`: ratios from one run).
+        let names: Vec<&str> = systems.iter().map(|s| s.name()).collect();
+        rounds.record_against_first(report, &case, &names, "GiB/s");
+        let mut per_case = serde_json::Map::new();
+        per_case.insert("case".into(), json!(case));
+        for (k, system) in systems.iter().enumerate() {
+            if system.is_ceiling() {
+                pooled.push((
+                    b,
+                    system.name(),
+                    rounds.samples[k].clone(),
+                    rounds.busy_count(k),
+                ));
+            }
+            if let Some((counter, _)) = system.index_walks() {
+                let (walked, reads) = walks[k];
+                per_case.insert(
+                    format!("index_walks_per_read_{counter}"),
+                    json!(walked as f64 / reads.max(1) as f64),
+                );
+            }
+        }
+        counters.push(serde_json::Value::Object(per_case));
+    }
+    Ok(())
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
@@ -249,28 +452,30 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     // pages, like the cache's arena: the ceiling must not be lowered by TLB misses the cache
     // does not suffer, nor raised by a source that fits in the CPU caches.
     bar.set_message("ceilings: preparing the memcpy source");
-    let mut source = HugeBuffer::new(sizes.file as usize)?;
+    let len = sizes.file as usize;
+    let mut source = Mapping::anonymous(len).map_err(|e| format!("mmap of {len} bytes: {e}"))?;
+    source.advise_huge();
     for (i, byte) in source.bytes_mut().iter_mut().enumerate() {
         *byte = (i % 251) as u8;
     }
-    let source = source.bytes_mut();
+    let source: &[u8] = source.bytes_mut();
     let mut counters = Vec::new();
     let mut kernels = Vec::new();
-    let mut ceiling_samples: Vec<(usize, &str, Vec<f64>, usize)> = Vec::new();
+    let mut ceiling_samples: Vec<Pooled> = Vec::new();
     for large in [false, true] {
         let setting = if large { "large-on" } else { "large-off" };
         let tmpfs = Tmpfs::mount(
             if large { "always" } else { "never" },
             2 * sizes.file + (64 << 20),
         );
-        let (kernel_name, tmpfs) = match tmpfs {
+        let tmpfs = match tmpfs {
             Ok(t) => {
                 kernels.push(format!("{setting}: kernel side on {}", t.label));
-                (if large { "kernel-huge" } else { "kernel" }, Some(t))
+                Some(t)
             }
             Err(why) => {
                 kernels.push(format!("{setting}: no kernel figures: {why}"));
-                ("kernel-huge", None)
+                None
             }
         };
         let cache = Cache::builder()
@@ -294,112 +499,26 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     k.read_at(&mut warm, at).map_err(|e| e.to_string())?;
                 }
             }
-            let mut batched = file.handle();
-            let mut per_folio = file.handle();
-            per_folio.set_read_policy(ReadPolicy::PerFolio);
-            let ceiling_name = if kind == Kind::Normal {
-                "memcpy"
-            } else {
-                "memset"
-            };
-            let mut systems = vec![System::Batched, System::PerFolio];
-            if kernel.is_some() {
-                systems.push(System::Kernel);
-            }
-            systems.push(System::Ceiling);
-            for (b, (bs, bs_name)) in BLOCKS.into_iter().enumerate() {
-                let case = format!("{}/{bs_name}/{setting}", kind.name());
-                bar.set_message(case.clone());
-                let buf = &mut buffer[..bs];
-                // Every measurement starts at offset 0, so all systems read the same regions of
-                // their files (this VM's memory is not uniformly fast).
-                let mut walks = [(0u64, 0u64); 2];
-                let rounds = interleaved(reps, systems.len(), &bar, |which| {
-                    let mut pos = 0u64;
-                    let before = file.mapping_stats().index_walks;
-                    let (gibs, reads) = match systems[which] {
-                        System::Batched => {
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, p| {
-                                batched.read_at(b, p).map_err(|e| e.to_string())
-                            })?
-                        }
-                        System::PerFolio => {
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, p| {
-                                per_folio.read_at(b, p).map_err(|e| e.to_string())
-                            })?
-                        }
-                        System::Kernel => {
-                            let kernel = kernel.as_ref().ok_or("no kernel file")?;
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, p| {
-                                kernel.read_at(b, p).map_err(|e| e.to_string())
-                            })?
-                        }
-                        System::Ceiling if kind == Kind::Normal => {
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, p| {
-                                let at = p as usize;
-                                b.copy_from_slice(&source[at..at + b.len()]);
-                                Ok(b.len())
-                            })?
-                        }
-                        System::Ceiling => {
-                            timed_reads(buf, sizes.file, &mut pos, sizes.time, |b, _| {
-                                b.fill(0);
-                                Ok(b.len())
-                            })?
-                        }
-                    };
-                    if which < 2 {
-                        walks[which].0 += file.mapping_stats().index_walks - before;
-                        walks[which].1 += reads;
-                    }
-                    Ok(gibs)
-                })?;
-                let name = |k: usize| match systems[k] {
-                    System::Batched => "foliocache/batched",
-                    System::PerFolio => "foliocache/per-folio",
-                    System::Kernel => kernel_name,
-                    System::Ceiling => ceiling_name,
-                };
-                for k in 0..systems.len() {
-                    report.results.push(Figure::new(
-                        &case,
-                        name(k),
-                        "GiB/s",
-                        &rounds.samples[k],
-                        rounds.busy_count(k),
-                    ));
-                }
-                // Each round measures every system back to back: the per-round ratio cancels
-                // the machine's slow drift between rounds (BENCH.md: ratios from one run).
-                for k in 1..systems.len() {
-                    report.paired(
-                        &case,
-                        (name(0), &rounds.samples[0]),
-                        (name(k), &rounds.samples[k]),
-                        rounds.busy_rounds(&[0, k]),
-                    );
-                }
-                let c = systems.len() - 1;
-                ceiling_samples.push((
-                    b,
-                    ceiling_name,
-                    rounds.samples[c].clone(),
-                    rounds.busy_count(c),
-                ));
-                counters.push(json!({
-                    "case": case,
-                    "index_walks_per_read_batched": walks[0].0 as f64 / walks[0].1.max(1) as f64,
-                    "index_walks_per_read_per_folio": walks[1].0 as f64 / walks[1].1.max(1) as f64,
-                }));
-            }
-            drop(kernel);
+            let mut systems = systems(&file, kernel, kind, large, source);
+            measure_file(
+                &mut report,
+                (&sizes, reps, &bar),
+                buffer,
+                &mut systems,
+                (kind.name(), setting),
+                &mut ceiling_samples,
+                &mut counters,
+            )?;
+            // The kernel's file is closed before it is removed.
+            drop(systems);
             if let Some(t) = &tmpfs {
                 let _ = std::fs::remove_file(t.dir.join(kind.name()));
             }
         }
     }
     bar.finish_and_clear();
-    // The ceilings over every case's rounds, by block size (BENCH.md's `ceiling/{bs}`).
+    // The ceilings over every case's rounds, by block size (`docs/BENCHMARKS.md`'s
+    // `ceiling/{bs}`).
     for (b, (_, bs_name)) in BLOCKS.iter().enumerate() {
         for ceiling in ["memcpy", "memset"] {
             let (samples, busy) = ceiling_samples
@@ -425,6 +544,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     report.notes.push(tables);
     report.notes.push(bars(&report));
     report.notes.push(kernels.join("  \n"));
+    plots(&mut report);
+    Ok(report)
+}
+
+/// The plots: one per large-folio setting, every file kind and block size, every system.
+fn plots(report: &mut Report) {
     for (setting, title) in [
         ("large-off", "large folios off"),
         ("large-on", "large folios on"),
@@ -439,8 +564,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 .map(|(kind, bs)| {
                     let case = format!("{}/{bs}/{setting}", kind.name());
                     let bars = [
-                        "foliocache/per-folio",
-                        "foliocache/batched",
+                        PER_FOLIO,
+                        BATCHED,
                         "kernel",
                         "kernel-huge",
                         "memcpy",
@@ -458,62 +583,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 .collect(),
         });
     }
-    Ok(report)
-}
-
-/// An anonymous mapping advised to use transparent huge pages.
-struct HugeBuffer {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl HugeBuffer {
-    fn new(len: usize) -> Result<Self, String> {
-        // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap of {len} bytes: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        // SAFETY: advising our own mapping; failure only means small pages.
-        unsafe { libc::madvise(ptr, len, libc::MADV_HUGEPAGE) };
-        Ok(Self {
-            ptr: ptr.cast(),
-            len,
-        })
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping is `len` bytes, readable and writable, owned by `self`.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for HugeBuffer {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping `new` made.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
 }
 
 fn median(report: &Report, case: &str, system: &str) -> Option<f64> {
     report.figure(case, system, "GiB/s").map(|f| f.median)
-}
-
-/// The paired ratio of batched over `other` in `case` (per round, with spread).
-fn paired<'r>(report: &'r Report, case: &str, other: &str) -> Option<&'r Figure> {
-    report.figure(case, &format!("foliocache/batched÷{other}"), "paired_ratio")
 }
 
 /// The kernel system of a case: `kernel` (huge=never) or `kernel-huge` (huge=always).
@@ -559,16 +632,17 @@ fn seed_tables(report: &Report) -> String {
             for (_, bs) in BLOCKS {
                 let case = format!("{}/{bs}/{setting}", kind.name());
                 let (Some(after), Some(before)) = (
-                    median(report, &case, "foliocache/batched"),
-                    median(report, &case, "foliocache/per-folio"),
+                    median(report, &case, BATCHED),
+                    median(report, &case, PER_FOLIO),
                 ) else {
                     continue;
                 };
-                let delta = paired(report, &case, "foliocache/per-folio")
+                let delta = report
+                    .paired_ratio(&case, BATCHED, PER_FOLIO)
                     .map_or_else(|| "–".into(), pct_spread);
                 let kernel = kernel_of(report, &case);
                 let ceiling = ceiling_of(kind);
-                let share = paired(report, &case, ceiling).map_or_else(
+                let share = report.paired_ratio(&case, BATCHED, ceiling).map_or_else(
                     || "–".into(),
                     |f| {
                         format!(
@@ -589,7 +663,7 @@ fn seed_tables(report: &Report) -> String {
                         .and_then(|k| median(report, &case, k))
                         .map_or_else(|| "–".into(), |k| format!("{} GiB/s", fmt(k))),
                     kernel
-                        .and_then(|k| paired(report, &case, k))
+                        .and_then(|k| report.paired_ratio(&case, BATCHED, k))
                         .map_or_else(|| "–".into(), |f| format!("{:.2}×", f.median)),
                     median(report, &case, ceiling).map_or_else(|| "–".into(), fmt),
                 );
@@ -624,7 +698,7 @@ fn bars(report: &Report) -> String {
         for kind in KINDS {
             for (_, bs) in BLOCKS {
                 let case = format!("{}/{bs}/{setting}", kind.name());
-                let Some(pair) = paired(report, &case, "foliocache/per-folio") else {
+                let Some(pair) = report.paired_ratio(&case, BATCHED, PER_FOLIO) else {
                     continue;
                 };
                 let need = if kind != Kind::Normal && bs == "1M" {
@@ -638,7 +712,9 @@ fn bars(report: &Report) -> String {
                     if need > 1.0 { " + 20%" } else { "" },
                     pct_spread(pair)
                 ));
-                if let Some(k) = kernel_of(report, &case).and_then(|k| paired(report, &case, k)) {
+                if let Some(k) =
+                    kernel_of(report, &case).and_then(|k| report.paired_ratio(&case, BATCHED, k))
+                {
                     let need = if bs == "4k" { 2.0 } else { 1.0 };
                     lines.push(format!(
                         "- {} {case}: batched ≥ {need}× kernel: {:.2}× ({:.2}–{:.2})",
@@ -651,7 +727,7 @@ fn bars(report: &Report) -> String {
                 if bs == "1M" {
                     let ceiling = ceiling_of(kind);
                     let need = if kind == Kind::Fallocated { 0.9 } else { 0.8 };
-                    if let Some(c) = paired(report, &case, ceiling) {
+                    if let Some(c) = report.paired_ratio(&case, BATCHED, ceiling) {
                         lines.push(format!(
                             "- {} {case}: batched ≥ {:.0}% of {ceiling}: {:.0}% ({:.0}–{:.0}%)",
                             mark(c.median >= need),
@@ -682,15 +758,15 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         let ceiling = ceiling_of(kind);
         let kernel = kernel_of(report, &case);
         let figs = [
-            report.figure(&case, "foliocache/batched", "GiB/s"),
-            report.figure(&case, "foliocache/per-folio", "GiB/s"),
+            report.figure(&case, BATCHED, "GiB/s"),
+            report.figure(&case, PER_FOLIO, "GiB/s"),
         ];
-        if let Some(p) = paired(report, &case, "foliocache/per-folio") {
+        if let Some(p) = report.paired_ratio(&case, BATCHED, PER_FOLIO) {
             let need = if kind == Kind::Normal { 1.0 } else { 1.2 };
             rows.push(
                 Row::new("004", format!("{} 1M: batched vs per-folio", kind.name()))
-                    .before(gib(&case, "foliocache/per-folio"))
-                    .after(gib(&case, "foliocache/batched"))
+                    .before(gib(&case, PER_FOLIO))
+                    .after(gib(&case, BATCHED))
                     .kernel(kernel.and_then(|k| gib(&case, k)))
                     .limit(gib(&case, ceiling))
                     .ratio(Spread::of(p, Unit::Times))
@@ -698,7 +774,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                     .busy_from(&[figs[0], figs[1], Some(p)]),
             );
         }
-        if let Some(c) = paired(report, &case, ceiling) {
+        if let Some(c) = report.paired_ratio(&case, BATCHED, ceiling) {
             let need = if kind == Kind::Fallocated { 0.9 } else { 0.8 };
             rows.push(
                 Row::new("004", format!("{} 1M: share of {ceiling}", kind.name()))
@@ -715,7 +791,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         for kind in KINDS {
             for (_, bs) in BLOCKS {
                 let case = format!("{}/{bs}/{setting}", kind.name());
-                if let Some(p) = paired(report, &case, "foliocache/per-folio") {
+                if let Some(p) = report.paired_ratio(&case, BATCHED, PER_FOLIO) {
                     let need = if kind != Kind::Normal && bs == "1M" {
                         1.2
                     } else {
@@ -725,7 +801,9 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                     met += usize::from(p.median >= need);
                     busy |= p.busy;
                 }
-                if let Some(k) = kernel_of(report, &case).and_then(|k| paired(report, &case, k)) {
+                if let Some(k) =
+                    kernel_of(report, &case).and_then(|k| report.paired_ratio(&case, BATCHED, k))
+                {
                     let need = if bs == "4k" { 2.0 } else { 1.0 };
                     kall += 1;
                     kmet += usize::from(k.median >= need);

@@ -20,7 +20,8 @@
 //! medians of per-round ratios with their spread.
 
 use super::BenchArgs;
-use super::report::{Figure, Placement, Plot, Report, fmt, interleaved, run_threads};
+use super::measure::{Placement, Rounds, interleaved, run_threads};
+use super::report::{Figure, Plot, Report, fmt};
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::{Cache, File, Policy, RefcountPolicy, SmallReadPolicy};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -31,21 +32,118 @@ use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-const SYSTEMS: [&str; 6] = [
-    "foliocache/optimistic",
-    "foliocache/frozen-bit",
-    "foliocache/cas",
-    "kernel",
-    "ceiling",
-    "syscall",
-];
-/// Indexes into [`SYSTEMS`].
-const OPTIMISTIC: usize = 0;
-const FROZEN: usize = 1;
-const CAS: usize = 2;
-const KERNEL: usize = 3;
-const CEILING: usize = 4;
-const SYSCALL: usize = 5;
+/// The systems' names in the figures.
+const OPTIMISTIC: &str = "foliocache/optimistic";
+const FROZEN: &str = "foliocache/frozen-bit";
+const CAS: &str = "foliocache/cas";
+const KERNEL: &str = "kernel";
+const CEILING: &str = "ceiling";
+const SYSCALL: &str = "syscall";
+
+/// A system smallread measures: what it is called, and the loop each of its threads runs.
+trait Contender: Sync {
+    /// The system's name in the figures.
+    fn name(&self) -> &'static str;
+
+    /// Thread `thread`'s loop, until `stop`; returns the operations it did.
+    fn work(&self, thread: usize, stop: &AtomicBool) -> u64;
+
+    /// Whether its time per operation is a figure too (`ns/op`): the kernel's and the syscall
+    /// floor's, which the host's CPU and mitigations set.
+    fn per_op_ns(&self) -> bool {
+        false
+    }
+}
+
+/// foliocache: 64-byte reads through a handle of its own per thread, on one of the two files
+/// (FrozenBit or Cas refcounts), with or without a reference taken.
+struct Foliocache<'a> {
+    name: &'static str,
+    file: &'a File,
+    small_read: SmallReadPolicy,
+}
+
+impl Contender for Foliocache<'_> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn work(&self, _thread: usize, stop: &AtomicBool) -> u64 {
+        read_loop(self.file, self.small_read, stop)
+    }
+}
+
+/// The kernel: `pread` of 64 bytes at offset 0 of a tmpfs file, a descriptor per thread.
+struct Kernel {
+    fds: Vec<std::fs::File>,
+}
+
+impl Contender for Kernel {
+    fn name(&self) -> &'static str {
+        KERNEL
+    }
+
+    fn work(&self, thread: usize, stop: &AtomicBool) -> u64 {
+        let fd = &self.fds[thread];
+        let mut buf = [0u8; 64];
+        let mut ops = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..16 {
+                black_box(fd.read_at(&mut buf, 0).unwrap_or(0));
+            }
+            ops += 16;
+        }
+        ops
+    }
+
+    fn per_op_ns(&self) -> bool {
+        true
+    }
+}
+
+/// The floor under any kernel figure: a `getppid` loop.
+struct Syscall;
+
+impl Contender for Syscall {
+    fn name(&self) -> &'static str {
+        SYSCALL
+    }
+
+    fn work(&self, _thread: usize, stop: &AtomicBool) -> u64 {
+        let mut ops = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..16 {
+                black_box(rustix::process::getppid());
+            }
+            ops += 16;
+        }
+        ops
+    }
+
+    fn per_op_ns(&self) -> bool {
+        true
+    }
+}
+
+/// The ceiling: each thread increments a counter of its own.
+struct Ceiling;
+
+impl Contender for Ceiling {
+    fn name(&self) -> &'static str {
+        CEILING
+    }
+
+    fn work(&self, _thread: usize, stop: &AtomicBool) -> u64 {
+        // Share nothing: a counter on this thread's own cache line.
+        let private = crossbeam_utils::CachePadded::new(AtomicU64::new(0));
+        while !stop.load(Ordering::Relaxed) {
+            for _ in 0..256 {
+                private.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        private.load(Ordering::Relaxed)
+    }
+}
 
 fn read_loop(file: &File, small_read: SmallReadPolicy, stop: &AtomicBool) -> u64 {
     let mut handle = file.handle();
@@ -77,6 +175,141 @@ fn memory_file(refcount: RefcountPolicy) -> Result<(Cache, File), String> {
     Ok((cache, file))
 }
 
+/// The case of a thread count.
+fn case(threads: usize) -> String {
+    format!("threads={threads}")
+}
+
+/// The rotation's samples: total ops/s of each (thread count index, system index) pair.
+struct Measured {
+    pairs: Vec<(usize, usize)>,
+    /// The systems' names, by index.
+    names: Vec<&'static str>,
+    rounds: Rounds<f64>,
+    /// Whether every thread could be pinned to its CPU.
+    all_pinned: bool,
+}
+
+impl Measured {
+    /// The rotation's index of `system` (by name) at the `t`-th thread count.
+    fn at(&self, t: usize, system: &str) -> Option<usize> {
+        self.pairs
+            .iter()
+            .position(|&(pt, s)| pt == t && self.names[s] == system)
+    }
+
+    /// Records the comparisons between systems, per round: at each thread count frozen-bit over
+    /// cas, optimistic over frozen-bit and over the kernel, and the kernel's cost above the
+    /// syscall floor; and the optimistic read's scaling from 1 to 2 threads as a share of the
+    /// ceiling's.
+    fn compare(&self, report: &mut Report, threads: &[usize], reps: usize) {
+        let rounds = &self.rounds;
+        let samples = &rounds.samples;
+        let at = |t: usize, system: &str| self.at(t, system);
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        for (t, &n) in threads.iter().enumerate() {
+            let case = case(n);
+            for (a, b) in [(FROZEN, CAS), (OPTIMISTIC, FROZEN), (OPTIMISTIC, KERNEL)] {
+                if let (Some(ia), Some(ib)) = (at(t, a), at(t, b)) {
+                    rounds.paired(report, &case, (ia, a), (ib, b), |v| *v);
+                }
+            }
+            // The kernel's cost above the syscall floor, per round (ns per read per thread).
+            if let (Some(k), Some(f)) = (at(t, KERNEL), at(t, SYSCALL)) {
+                let above: Vec<f64> = samples[k]
+                    .iter()
+                    .zip(&samples[f])
+                    .map(|(kernel, floor)| n.min(cpus) as f64 * 1e9 * (1.0 / kernel - 1.0 / floor))
+                    .collect();
+                report.results.push(Figure::new(
+                    &case,
+                    KERNEL,
+                    "ns_above_syscall",
+                    &above,
+                    rounds.busy_rounds(&[k, f]),
+                ));
+            }
+        }
+        // Scaling from 1 to 2 threads as a share of the ceiling's, per round.
+        let at_n = |n: usize, system: &str| {
+            threads
+                .iter()
+                .position(|&m| m == n)
+                .and_then(|t| at(t, system))
+        };
+        if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (
+            at_n(1, OPTIMISTIC),
+            at_n(2, OPTIMISTIC),
+            at_n(1, CEILING),
+            at_n(2, CEILING),
+        ) {
+            let shares: Vec<f64> = (0..reps)
+                .map(|r| (samples[o2][r] / samples[o1][r]) / (samples[c2][r] / samples[c1][r]))
+                .collect();
+            report.results.push(Figure::new(
+                "scaling/2-vs-1-thread",
+                "foliocache/optimistic÷ceiling",
+                "paired_share",
+                &shares,
+                rounds.busy_rounds(&[o1, o2, c1, c2]),
+            ));
+        }
+    }
+}
+
+/// The measuring body: every (thread count, system) pair in one rotation, each measurement
+/// `threads[t]` pinned threads running the system's loop for `time`. Records each pair's
+/// ops/s, ops/s per thread and, where the system has one, its ns/op.
+///
+/// Every round measures every pair: the 1-thread and 2-thread figures of one round are taken
+/// minutes apart at most, so the per-round scaling ratio is not skewed by the machine
+/// drifting between a "1 thread" phase and a "2 threads" phase.
+fn measure(
+    report: &mut Report,
+    systems: &[Box<dyn Contender + '_>],
+    threads: &[usize],
+    (time, reps, bar): (Duration, usize, &ProgressBar),
+) -> Result<Measured, String> {
+    let pairs: Vec<(usize, usize)> = (0..threads.len())
+        .flat_map(|t| (0..systems.len()).map(move |k| (t, k)))
+        .collect();
+    let mut all_pinned = true;
+    let rounds = interleaved(reps, pairs.len(), bar, |which| {
+        let (t, system) = pairs[which];
+        let system = &systems[system];
+        let work = |thread: usize, stop: &AtomicBool| system.work(thread, stop);
+        let (ops, pinned) = run_threads(threads[t], time, Placement::Pinned, &work);
+        all_pinned &= pinned;
+        Ok(ops)
+    })?;
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    for (which, &(t, system)) in pairs.iter().enumerate() {
+        let n = threads[t];
+        let case = case(n);
+        let system = &systems[system];
+        let name = system.name();
+        report
+            .results
+            .push(rounds.figure(&case, (which, name), "ops/s", |v| *v));
+        report
+            .results
+            .push(rounds.figure(&case, (which, name), "ops/s/thread", |v| v / n as f64));
+        if system.per_op_ns() {
+            // The time per operation on a CPU: threads beyond the CPUs only share them.
+            let busy_cpus = n.min(cpus) as f64;
+            report
+                .results
+                .push(rounds.figure(&case, (which, name), "ns/op", |v| busy_cpus / v * 1e9));
+        }
+    }
+    Ok(Measured {
+        pairs,
+        names: systems.iter().map(|s| s.name()).collect(),
+        rounds,
+        all_pinned,
+    })
+}
+
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let time = if args.full {
         Duration::from_millis(1000)
@@ -97,12 +330,6 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "threads": threads,
         }),
     );
-    let bar = ProgressBar::new((threads.len() * SYSTEMS.len() * (reps + 1)) as u64).with_style(
-        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
-            .map_err(|e| e.to_string())?
-            .progress_chars("=> "),
-    );
-    bar.set_prefix("smallread");
 
     let (_frozen_cache, frozen) = memory_file(RefcountPolicy::FrozenBit)?;
     let (_cas_cache, cas) = memory_file(RefcountPolicy::Cas)?;
@@ -124,159 +351,48 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         .map(|_| std::fs::File::open(&kernel_path))
         .collect::<Result<_, _>>()
         .map_err(|e| format!("cannot open {}: {e}", kernel_path.display()))?;
-    let mut all_pinned = true;
-    let mut retries = Vec::new();
-
-    // Every round measures every (threads, system) pair, rotating: the 1-thread and 2-thread
-    // figures of one round are taken minutes apart at most, so the per-round scaling ratio is
-    // not skewed by the machine drifting between a "1 thread" phase and a "2 threads" phase.
-    let pairs: Vec<(usize, usize)> = (0..threads.len())
-        .flat_map(|t| (0..SYSTEMS.len()).map(move |k| (t, k)))
-        .collect();
+    let systems: Vec<Box<dyn Contender + '_>> = vec![
+        Box::new(Foliocache {
+            name: OPTIMISTIC,
+            file: &frozen,
+            small_read: SmallReadPolicy::Optimistic,
+        }),
+        Box::new(Foliocache {
+            name: FROZEN,
+            file: &frozen,
+            small_read: SmallReadPolicy::Refcounted,
+        }),
+        Box::new(Foliocache {
+            name: CAS,
+            file: &cas,
+            small_read: SmallReadPolicy::Refcounted,
+        }),
+        Box::new(Kernel { fds: kernel_fds }),
+        Box::new(Ceiling),
+        Box::new(Syscall),
+    ];
+    let bar = ProgressBar::new((threads.len() * systems.len() * (reps + 1)) as u64).with_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .map_err(|e| e.to_string())?
+            .progress_chars("=> "),
+    );
+    bar.set_prefix("smallread");
     bar.set_message("all thread counts, interleaved");
     let before = frozen.mapping_stats().optimistic_retries;
-    let rounds = interleaved(reps, pairs.len(), &bar, |which| {
-        let (t, system) = pairs[which];
-        let work = |thread: usize, stop: &AtomicBool| -> u64 {
-            match system {
-                OPTIMISTIC => read_loop(&frozen, SmallReadPolicy::Optimistic, stop),
-                FROZEN => read_loop(&frozen, SmallReadPolicy::Refcounted, stop),
-                CAS => read_loop(&cas, SmallReadPolicy::Refcounted, stop),
-                KERNEL => {
-                    let fd = &kernel_fds[thread];
-                    let mut buf = [0u8; 64];
-                    let mut ops = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        for _ in 0..16 {
-                            black_box(fd.read_at(&mut buf, 0).unwrap_or(0));
-                        }
-                        ops += 16;
-                    }
-                    ops
-                }
-                SYSCALL => {
-                    let mut ops = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        for _ in 0..16 {
-                            black_box(rustix::process::getppid());
-                        }
-                        ops += 16;
-                    }
-                    ops
-                }
-                _ => {
-                    // Share nothing: a counter on this thread's own cache line.
-                    let private = crossbeam_utils::CachePadded::new(AtomicU64::new(0));
-                    while !stop.load(Ordering::Relaxed) {
-                        for _ in 0..256 {
-                            private.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                    private.load(Ordering::Relaxed)
-                }
-            }
-        };
-        let (ops, pinned) = run_threads(threads[t], time, Placement::Pinned, &work);
-        all_pinned &= pinned;
-        Ok(ops)
-    })?;
-    retries.push(json!({"optimistic_retries": frozen.mapping_stats().optimistic_retries - before}));
-    let samples = &rounds.samples;
-    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    for (which, &(t, system)) in pairs.iter().enumerate() {
-        let n = threads[t];
-        let case = format!("threads={n}");
-        let busy = rounds.busy_count(which);
-        report.results.push(Figure::new(
-            &case,
-            SYSTEMS[system],
-            "ops/s",
-            &samples[which],
-            busy,
-        ));
-        let per_thread: Vec<f64> = samples[which].iter().map(|v| v / n as f64).collect();
-        report.results.push(Figure::new(
-            &case,
-            SYSTEMS[system],
-            "ops/s/thread",
-            &per_thread,
-            busy,
-        ));
-        if system == KERNEL || system == SYSCALL {
-            // The time per operation on a CPU: threads beyond the CPUs only share them.
-            let busy_cpus = n.min(cpus) as f64;
-            let ns: Vec<f64> = samples[which].iter().map(|v| busy_cpus / v * 1e9).collect();
-            report
-                .results
-                .push(Figure::new(&case, SYSTEMS[system], "ns/op", &ns, busy));
-        }
-    }
-    let index = |t: usize, system: usize| {
-        pairs
-            .iter()
-            .position(|&p| p == (t, system))
-            .unwrap_or_default()
-    };
-    for (t, &n) in threads.iter().enumerate() {
-        let case = format!("threads={n}");
-        for (a, b) in [(FROZEN, CAS), (OPTIMISTIC, FROZEN), (OPTIMISTIC, KERNEL)] {
-            let (ia, ib) = (index(t, a), index(t, b));
-            report.paired(
-                &case,
-                (SYSTEMS[a], &samples[ia]),
-                (SYSTEMS[b], &samples[ib]),
-                rounds.busy_rounds(&[ia, ib]),
-            );
-        }
-        // The kernel's cost above the syscall floor, per round (ns per read per thread).
-        let (k, f) = (index(t, KERNEL), index(t, SYSCALL));
-        let above: Vec<f64> = samples[k]
-            .iter()
-            .zip(&samples[f])
-            .map(|(kernel, floor)| n.min(cpus) as f64 * 1e9 * (1.0 / kernel - 1.0 / floor))
-            .collect();
-        report.results.push(Figure::new(
-            &case,
-            "kernel",
-            "ns_above_syscall",
-            &above,
-            rounds.busy_rounds(&[k, f]),
-        ));
-    }
-    // Scaling from 1 to 2 threads as a share of the ceiling's, per round.
-    let at = |n: usize, system: usize| {
-        threads
-            .iter()
-            .position(|&m| m == n)
-            .and_then(|t| pairs.iter().position(|&p| p == (t, system)))
-    };
-    if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (
-        at(1, OPTIMISTIC),
-        at(2, OPTIMISTIC),
-        at(1, CEILING),
-        at(2, CEILING),
-    ) {
-        let shares: Vec<f64> = (0..reps)
-            .map(|r| (samples[o2][r] / samples[o1][r]) / (samples[c2][r] / samples[c1][r]))
-            .collect();
-        report.results.push(Figure::new(
-            "scaling/2-vs-1-thread",
-            "foliocache/optimistic÷ceiling",
-            "paired_share",
-            &shares,
-            rounds.busy_rounds(&[o1, o2, c1, c2]),
-        ));
-    }
+    let measured = measure(&mut report, &systems, &threads, (time, reps, &bar))?;
+    let retries =
+        vec![json!({"optimistic_retries": frozen.mapping_stats().optimistic_retries - before})];
+    measured.compare(&mut report, &threads, reps);
     bar.finish_and_clear();
     let _ = std::fs::remove_file(&kernel_path);
     report.counters = json!({
-        "threads_pinned": all_pinned,
+        "threads_pinned": measured.all_pinned,
         "optimistic_retries": retries,
         "frozen_bit_file": frozen.mapping_stats().lookups,
     });
     report.notes.push(seed_table(&report, &threads));
     report.notes.push(bars(&report, &threads));
-    if !all_pinned {
+    if !measured.all_pinned {
         report
             .notes
             .push("Threads could not all be pinned to CPUs on this machine.".into());
@@ -288,15 +404,22 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
          what the page cache costs beyond entering the kernel on this host."
             .into(),
     );
-    report.plots.push(Plot {
+    let plot = plot(&report, &threads);
+    report.plots.push(plot);
+    Ok(report)
+}
+
+/// The plot: total ops/s of the foliocache reads and the kernel, by thread count.
+fn plot(report: &Report, threads: &[usize]) -> Plot {
+    Plot {
         file: "smallread.svg".into(),
         title: "64-byte reads of one shared page: total ops/s by threads".into(),
         unit: "million reads/s (all threads)".into(),
         groups: threads
             .iter()
-            .map(|n| {
-                let case = format!("threads={n}");
-                let bars = SYSTEMS[..4]
+            .map(|&n| {
+                let case = case(n);
+                let bars = [OPTIMISTIC, FROZEN, CAS, KERNEL]
                     .iter()
                     .filter_map(|s| {
                         report
@@ -307,23 +430,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                 (format!("{n} thread(s)"), bars)
             })
             .collect(),
-    });
-    Ok(report)
+    }
 }
 
 fn ops(report: &Report, threads: usize, system: &str) -> Option<f64> {
     report
-        .figure(&format!("threads={threads}"), system, "ops/s")
+        .figure(&case(threads), system, "ops/s")
         .map(|f| f.median)
-}
-
-/// The per-round paired ratio `a ÷ b` at `threads`.
-fn paired(report: &Report, threads: usize, a: usize, b: usize) -> Option<&Figure> {
-    report.figure(
-        &format!("threads={threads}"),
-        &format!("{}÷{}", SYSTEMS[a], SYSTEMS[b]),
-        "paired_ratio",
-    )
 }
 
 fn spread(f: &Figure) -> String {
@@ -340,8 +453,8 @@ fn seed_table(report: &Report, threads: &[usize]) -> String {
     );
     let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for &n in threads {
-        let m = |s: usize| ops(report, n, SYSTEMS[s]).unwrap_or(f64::NAN);
-        let boost = paired(report, n, FROZEN, CAS).map_or_else(
+        let m = |s: &str| ops(report, n, s).unwrap_or(f64::NAN);
+        let boost = report.paired_ratio(&case(n), FROZEN, CAS).map_or_else(
             || "–".into(),
             |f| {
                 format!(
@@ -353,7 +466,7 @@ fn seed_table(report: &Report, threads: &[usize]) -> String {
             },
         );
         let above = report
-            .figure(&format!("threads={n}"), "kernel", "ns_above_syscall")
+            .figure(&case(n), KERNEL, "ns_above_syscall")
             .map_or_else(|| "–".into(), |f| format!("{} ns", fmt(f.median)));
         let _ = writeln!(
             out,
@@ -374,7 +487,7 @@ fn seed_table(report: &Report, threads: &[usize]) -> String {
 fn bars(report: &Report, threads: &[usize]) -> String {
     let mut lines = Vec::new();
     let mark = |ok: bool| if ok { "✓" } else { "✗" };
-    if let Some(f) = paired(report, 1, OPTIMISTIC, KERNEL) {
+    if let Some(f) = report.paired_ratio(&case(1), OPTIMISTIC, KERNEL) {
         lines.push(format!(
             "- {} 1 thread: foliocache ≥ 10× kernel pread: {}",
             mark(f.median >= 10.0),
@@ -382,14 +495,14 @@ fn bars(report: &Report, threads: &[usize]) -> String {
         ));
     }
     if threads.contains(&2) {
-        if let Some(f) = paired(report, 2, FROZEN, CAS) {
+        if let Some(f) = report.paired_ratio(&case(2), FROZEN, CAS) {
             lines.push(format!(
                 "- {} 2 threads: frozen-bit ≥ cas: {}",
                 mark(f.median >= 1.0),
                 spread(f)
             ));
         }
-        if let Some(f) = paired(report, 2, OPTIMISTIC, FROZEN) {
+        if let Some(f) = report.paired_ratio(&case(2), OPTIMISTIC, FROZEN) {
             lines.push(format!(
                 "- {} 2 threads: optimistic ≥ 1.5× frozen-bit: {}",
                 mark(f.median >= 1.5),
@@ -397,10 +510,10 @@ fn bars(report: &Report, threads: &[usize]) -> String {
             ));
         }
         if let (Some(o1), Some(o2), Some(c1), Some(c2)) = (
-            ops(report, 1, SYSTEMS[OPTIMISTIC]),
-            ops(report, 2, SYSTEMS[OPTIMISTIC]),
-            ops(report, 1, SYSTEMS[CEILING]),
-            ops(report, 2, SYSTEMS[CEILING]),
+            ops(report, 1, OPTIMISTIC),
+            ops(report, 2, OPTIMISTIC),
+            ops(report, 1, CEILING),
+            ops(report, 2, CEILING),
         ) {
             let (scale, ceiling) = (o2 / o1, c2 / c1);
             if let Some(share) = report.figure(
@@ -428,8 +541,8 @@ fn bars(report: &Report, threads: &[usize]) -> String {
 /// The summary's rows (seed 002).
 pub(crate) fn summary(report: &Report) -> Vec<Row> {
     let mut rows = Vec::new();
-    let fig = |n: usize, s: usize| report.figure(&format!("threads={n}"), SYSTEMS[s], "ops/s");
-    if let Some(f) = paired(report, 1, OPTIMISTIC, KERNEL) {
+    let fig = |n: usize, s: &str| report.figure(&case(n), s, "ops/s");
+    if let Some(f) = report.paired_ratio(&case(1), OPTIMISTIC, KERNEL) {
         let above = report.figure("threads=1", "kernel", "ns_above_syscall");
         rows.push(
             Row::new("002", "1 thread: vs kernel pread (M reads/s)")
@@ -460,7 +573,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             );
         }
     }
-    if let Some(f) = paired(report, 2, FROZEN, CAS) {
+    if let Some(f) = report.paired_ratio(&case(2), FROZEN, CAS) {
         rows.push(
             Row::new("002", "2 threads: frozen-bit vs cas (M/s)")
                 .before(value(fig(2, CAS), 1e-6, ""))
@@ -471,7 +584,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                 .busy_from(&[Some(f)]),
         );
     }
-    if let Some(f) = paired(report, 2, OPTIMISTIC, FROZEN) {
+    if let Some(f) = report.paired_ratio(&case(2), OPTIMISTIC, FROZEN) {
         rows.push(
             Row::new("002", "2 threads: optimistic vs frozen-bit")
                 .before(value(fig(2, FROZEN), 1e-6, ""))

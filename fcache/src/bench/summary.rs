@@ -4,7 +4,7 @@
 //!
 //! Each suite contributes its rows with one function, `fn summary(&Report) -> Vec<Row>`, listed
 //! once in [`super::SUITES`]; a new suite adds its function and one line there. Rows are built
-//! from the suite's own figures (names as in `shared/docs/BENCH.md`), so a row whose figures
+//! from the suite's own figures (names as in `docs/BENCHMARKS.md`), so a row whose figures
 //! are missing (a kernel side that could not be mounted, a thread count not asked for) is
 //! simply left out.
 //!

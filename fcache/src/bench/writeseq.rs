@@ -1,6 +1,6 @@
 //! `fcache bench writeseq`: the write path against the kernel's and the device's.
 //!
-//! Cases (BENCH.md names):
+//! Cases (as `docs/BENCHMARKS.md` names them):
 //! * `seq-1M`: 1 MiB writes filling a 256 MiB file from empty, then `fsync`;
 //! * `rand-4k`: 4 KiB overwrites at random page offsets of an existing file (64 MiB; 16 MiB
 //!   written), then `fsync`;
@@ -23,8 +23,10 @@
 //! figure is never for bytes that did not arrive.
 
 use super::BenchArgs;
-use super::readseq::data_dir;
-use super::report::{Figure, Plot, Report, interleaved};
+use super::files::data_dir;
+use super::measure::interleaved;
+use super::report::{Plot, Report};
+use super::rng::Rng;
 use super::summary::{Row, Spread, Unit, value};
 use foliocache::raw::probe::write_blocks;
 use foliocache::{Cache, OpenOptions};
@@ -34,7 +36,6 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-const SYSTEMS: [&str; 4] = ["foliocache", "kernel", "device", "no-write-behind"];
 const CASES: [&str; 3] = ["seq-1M", "rand-4k", "append-4k"];
 
 /// One case's shape.
@@ -66,7 +67,7 @@ fn workloads() -> Vec<Workload> {
     let seq_bytes: u64 = 256 << 20;
     let existing: u64 = 64 << 20;
     let small: u64 = 16 << 20;
-    let mut rng = super::Rng(0x5EED_0000_0000_0001);
+    let mut rng = Rng(0x5EED_0000_0000_0001);
     vec![
         Workload {
             name: "seq-1M",
@@ -158,66 +159,136 @@ fn check(path: &Path, load: &Workload, blocks: &[Vec<u8>]) -> Result<(), String>
     Ok(())
 }
 
-fn run_foliocache(
-    cache: &Cache,
-    path: &Path,
+/// A system writeseq measures: what it is called, and one case's writes and syncs.
+trait Writer {
+    /// The system's name in the figures.
+    fn name(&self) -> &'static str;
+
+    /// Writes the case to the file at `path` (laid out afresh for it) and syncs; returns MiB/s.
+    fn write(&self, path: &Path, load: &Workload, blocks: &[Vec<u8>]) -> Result<f64, String>;
+
+    /// Whether the file is read back and checked afterwards (not after the device, which
+    /// writes bytes of its own).
+    fn checked(&self) -> bool {
+        true
+    }
+}
+
+/// foliocache: the file opened for writing through a cache (write-behind on or off).
+struct Foliocache<'a> {
+    name: &'static str,
+    cache: &'a Cache,
+}
+
+impl Writer for Foliocache<'_> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn write(&self, path: &Path, load: &Workload, blocks: &[Vec<u8>]) -> Result<f64, String> {
+        let start = Instant::now();
+        let file = self
+            .cache
+            .open_with(path, OpenOptions::new().write(true))
+            .map_err(|e| e.to_string())?;
+        let mut handle = file.handle();
+        for (k, &offset) in load.offsets.iter().enumerate() {
+            handle
+                .write_at(&blocks[k % blocks.len()], offset)
+                .map_err(|e| e.to_string())?;
+            if load.sync_every > 0 && (k + 1) % load.sync_every == 0 {
+                handle.sync_data().map_err(|e| e.to_string())?;
+            }
+        }
+        if load.data_only {
+            handle.sync_data()
+        } else {
+            handle.sync_all()
+        }
+        .map_err(|e| e.to_string())?;
+        let elapsed = start.elapsed();
+        // Leave nothing cached for the next repetition.
+        drop(handle);
+        drop(file);
+        Ok(load.bytes() as f64 / (1u64 << 20) as f64 / elapsed.as_secs_f64())
+    }
+}
+
+/// The kernel: buffered `pwrite` and `fsync`/`fdatasync`, its cache of the file dropped after.
+struct Kernel;
+
+impl Writer for Kernel {
+    fn name(&self) -> &'static str {
+        "kernel"
+    }
+
+    fn write(&self, path: &Path, load: &Workload, blocks: &[Vec<u8>]) -> Result<f64, String> {
+        let start = Instant::now();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(|e| e.to_string())?;
+        for (k, &offset) in load.offsets.iter().enumerate() {
+            file.write_all_at(&blocks[k % blocks.len()], offset)
+                .map_err(|e| e.to_string())?;
+            if load.sync_every > 0 && (k + 1) % load.sync_every == 0 {
+                file.sync_data().map_err(|e| e.to_string())?;
+            }
+        }
+        if load.data_only {
+            file.sync_data()
+        } else {
+            file.sync_all()
+        }
+        .map_err(|e| e.to_string())?;
+        let elapsed = start.elapsed();
+        rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed)
+            .map_err(|e| e.to_string())?;
+        Ok(load.bytes() as f64 / (1u64 << 20) as f64 / elapsed.as_secs_f64())
+    }
+}
+
+/// The device: O_DIRECT writes through io_uring, no cache at all (the ceiling).
+struct Device;
+
+impl Writer for Device {
+    fn name(&self) -> &'static str {
+        "device"
+    }
+
+    fn write(&self, path: &Path, load: &Workload, _blocks: &[Vec<u8>]) -> Result<f64, String> {
+        let elapsed = write_blocks(path, &load.offsets, load.block, load.depth, load.sync_every)
+            .map_err(|e| e.to_string())?;
+        Ok(load.bytes() as f64 / (1u64 << 20) as f64 / elapsed.as_secs_f64())
+    }
+
+    fn checked(&self) -> bool {
+        false
+    }
+}
+
+/// The measuring body: one case, `systems` in rotation, each writing the file at `path` laid
+/// out afresh, checked after. Records each system's MiB/s and the per-round ratio of the first
+/// (foliocache) over each other one.
+fn measure_case(
+    report: &mut Report,
     load: &Workload,
-    blocks: &[Vec<u8>],
-) -> Result<f64, String> {
-    let start = Instant::now();
-    let file = cache
-        .open_with(path, OpenOptions::new().write(true))
-        .map_err(|e| e.to_string())?;
-    let mut handle = file.handle();
-    for (k, &offset) in load.offsets.iter().enumerate() {
-        handle
-            .write_at(&blocks[k % blocks.len()], offset)
-            .map_err(|e| e.to_string())?;
-        if load.sync_every > 0 && (k + 1) % load.sync_every == 0 {
-            handle.sync_data().map_err(|e| e.to_string())?;
+    systems: &[Box<dyn Writer + '_>],
+    path: &Path,
+    (reps, bar): (usize, &ProgressBar),
+) -> Result<(), String> {
+    let blocks: Vec<Vec<u8>> = (0..64).map(|k| block_bytes(k, load.block)).collect();
+    let rounds = interleaved(reps, systems.len(), bar, |k| {
+        prepare(path, load.existing)?;
+        let speed = systems[k].write(path, load, &blocks)?;
+        if systems[k].checked() {
+            check(path, load, &blocks)?;
         }
-    }
-    if load.data_only {
-        handle.sync_data()
-    } else {
-        handle.sync_all()
-    }
-    .map_err(|e| e.to_string())?;
-    let elapsed = start.elapsed();
-    // Leave nothing cached for the next repetition.
-    drop(handle);
-    drop(file);
-    Ok(load.bytes() as f64 / (1u64 << 20) as f64 / elapsed.as_secs_f64())
-}
-
-fn run_kernel(path: &Path, load: &Workload, blocks: &[Vec<u8>]) -> Result<f64, String> {
-    let start = Instant::now();
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    for (k, &offset) in load.offsets.iter().enumerate() {
-        file.write_all_at(&blocks[k % blocks.len()], offset)
-            .map_err(|e| e.to_string())?;
-        if load.sync_every > 0 && (k + 1) % load.sync_every == 0 {
-            file.sync_data().map_err(|e| e.to_string())?;
-        }
-    }
-    if load.data_only {
-        file.sync_data()
-    } else {
-        file.sync_all()
-    }
-    .map_err(|e| e.to_string())?;
-    let elapsed = start.elapsed();
-    rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).map_err(|e| e.to_string())?;
-    Ok(load.bytes() as f64 / (1u64 << 20) as f64 / elapsed.as_secs_f64())
-}
-
-fn run_device(path: &Path, load: &Workload) -> Result<f64, String> {
-    let elapsed = write_blocks(path, &load.offsets, load.block, load.depth, load.sync_every)
-        .map_err(|e| e.to_string())?;
-    Ok(load.bytes() as f64 / (1u64 << 20) as f64 / elapsed.as_secs_f64())
+        Ok(speed)
+    })?;
+    let names: Vec<&str> = systems.iter().map(|s| s.name()).collect();
+    rounds.record_against_first(report, load.name, &names, "MiB/s");
+    Ok(())
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
@@ -241,6 +312,18 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         .write_behind_bytes(0)
         .build()
         .map_err(|e| e.to_string())?;
+    let systems: Vec<Box<dyn Writer + '_>> = vec![
+        Box::new(Foliocache {
+            name: "foliocache",
+            cache: &cache,
+        }),
+        Box::new(Kernel),
+        Box::new(Device),
+        Box::new(Foliocache {
+            name: "no-write-behind",
+            cache: &before,
+        }),
+    ];
     let mut report = Report::new(
         "writeseq",
         json!({
@@ -253,7 +336,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "dir": dir.display().to_string(),
         }),
     );
-    let bar = ProgressBar::new((loads.len() * SYSTEMS.len() * reps) as u64).with_style(
+    let bar = ProgressBar::new((loads.len() * systems.len() * reps) as u64).with_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
             .progress_chars("=> "),
@@ -262,53 +345,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let mut groups = Vec::new();
     for load in &loads {
         bar.set_message(load.name);
-        let blocks: Vec<Vec<u8>> = (0..64).map(|k| block_bytes(k, load.block)).collect();
-        let rounds = interleaved(reps, SYSTEMS.len(), &bar, |k| {
-            prepare(&path, load.existing)?;
-            let speed = match k {
-                0 => run_foliocache(&cache, &path, load, &blocks)?,
-                1 => run_kernel(&path, load, &blocks)?,
-                2 => return run_device(&path, load),
-                _ => run_foliocache(&before, &path, load, &blocks)?,
-            };
-            check(&path, load, &blocks)?;
-            Ok(speed)
-        })?;
-        for (k, system) in SYSTEMS.iter().enumerate() {
-            report.results.push(Figure::new(
-                load.name,
-                system,
-                "MiB/s",
-                &rounds.samples[k],
-                rounds.busy_count(k),
-            ));
-        }
-        report.paired(
-            load.name,
-            ("foliocache", &rounds.samples[0]),
-            ("kernel", &rounds.samples[1]),
-            rounds.busy_rounds(&[0, 1]),
-        );
-        report.paired(
-            load.name,
-            ("foliocache", &rounds.samples[0]),
-            ("device", &rounds.samples[2]),
-            rounds.busy_rounds(&[0, 2]),
-        );
-        report.paired(
-            load.name,
-            ("foliocache", &rounds.samples[0]),
-            ("no-write-behind", &rounds.samples[3]),
-            rounds.busy_rounds(&[0, 3]),
-        );
+        measure_case(&mut report, load, &systems, &path, (reps, &bar))?;
         groups.push((
             load.name.to_string(),
-            SYSTEMS
+            systems
                 .iter()
                 .filter_map(|s| {
                     report
-                        .figure(load.name, s, "MiB/s")
-                        .map(|f| ((*s).to_string(), f.median))
+                        .figure(load.name, s.name(), "MiB/s")
+                        .map(|f| (s.name().to_string(), f.median))
                 })
                 .collect(),
         ));
@@ -340,7 +385,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
     let mut rows = Vec::new();
     for case in CASES {
         let mib = |s: &str| report.figure(case, s, "MiB/s");
-        if let Some(p) = report.figure(case, "foliocache÷kernel", "paired_ratio") {
+        if let Some(p) = report.paired_ratio(case, "foliocache", "kernel") {
             rows.push(
                 Row::new("writes", format!("{case} vs kernel (MiB/s)"))
                     .after(value(mib("foliocache"), 1.0, ""))
@@ -352,7 +397,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             );
         }
         if case == "seq-1M"
-            && let Some(p) = report.figure(case, "foliocache÷no-write-behind", "paired_ratio")
+            && let Some(p) = report.paired_ratio(case, "foliocache", "no-write-behind")
         {
             rows.push(
                 Row::new("writes", "seq-1M write-behind on vs off")
@@ -365,7 +410,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             );
         }
         if case == "seq-1M"
-            && let Some(p) = report.figure(case, "foliocache÷device", "paired_ratio")
+            && let Some(p) = report.paired_ratio(case, "foliocache", "device")
         {
             rows.push(
                 Row::new("writes", "seq-1M share of the device")
