@@ -224,6 +224,27 @@ pub enum Error {
         /// Dirty pages and pages under writeback.
         pages: u64,
     },
+    /// A shared cache's mapping is not one this build can use (another layout version, a bad
+    /// or corrupted header, a truncated or unsealed memfd) or holds a value out of bounds.
+    #[error("shared cache mapping refused: {0}")]
+    SharedMapping(String),
+    /// Attaching to, starting or talking to a shared cache's owner process failed.
+    #[error("shared cache {name}: {reason}")]
+    Shared {
+        /// The cache's name.
+        name: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The operation is not offered by this kind of cache (a shared cache's clients have no
+    /// zero-copy reads, memory files or internals; objects are not served shared yet).
+    #[error("{what} is not available in a {mode} cache")]
+    Unsupported {
+        /// The operation.
+        what: &'static str,
+        /// "shared" or "private".
+        mode: &'static str,
+    },
 }
 
 /// A descriptor lent to the cache ([`Cache::open_descriptor`](crate::Cache::open_descriptor),

@@ -74,6 +74,7 @@ impl Inode {
     /// A file read from `backend`, registered with reclaim (its folios can be evicted) and, for
     /// a shared file, in its cache's file table (`table`). `direct` is the same backend when it
     /// is a file opened from storage (which can be written).
+    #[allow(clippy::too_many_arguments)] // one per part of a disk file; a struct would only name them again
     pub(crate) fn new_disk(
         core: &Arc<CacheCore>,
         mapping: Mapping,
@@ -82,6 +83,7 @@ impl Inode {
         backend: Arc<dyn Backend>,
         direct: Option<Arc<DirectFile>>,
         shared: bool,
+        wb: WbState,
     ) -> Result<Arc<Self>, Error> {
         let stamp = backend.stamp().map_err(|source| Error::Io {
             offset: 0,
@@ -101,7 +103,7 @@ impl Inode {
                 stamp: Mutex::new(stamp),
                 shared,
                 direct,
-                wb: WbState::default(),
+                wb,
             }),
             core: Arc::clone(core),
         });

@@ -208,7 +208,8 @@ struct Counters {
 pub struct Mapping {
     id: u64,
     index: Index,
-    size: StatU64,
+    /// In a shared cache, the file record's size word (clients read it).
+    size: crate::mem::word::Word<StatU64>,
     cached_pages: StatU64,
     counters: Counters,
     mem: Arc<Memory>,
@@ -277,7 +278,7 @@ impl Mapping {
         Self {
             id,
             index: Index::with_meter(usize::MAX, Arc::clone(&mem.nodes)),
-            size: StatU64::new(0),
+            size: crate::mem::word::Word::Own(StatU64::new(0)),
             cached_pages: StatU64::new(0),
             counters: Counters::default(),
             mem,
@@ -285,6 +286,36 @@ impl Mapping {
             pages,
             own: PageCounts::default(),
         }
+    }
+
+    /// The mapping of a shared cache's file record `record` (the owner's): its index root and
+    /// size are the record's words, its nodes live in the arena, and its id is the record's.
+    /// A tree the record already holds is this mapping's.
+    #[cfg(not(loom))]
+    pub(crate) fn in_record(
+        mem: Arc<Memory>,
+        shadows: Arc<ShadowCount>,
+        pages: Arc<PageCounts>,
+        map: &Arc<crate::mem::shared::SharedMap>,
+        record: usize,
+    ) -> Result<Self, crate::error::Error> {
+        let space = mem
+            .node_space()
+            .expect("a shared cache's memory has a node space");
+        let rec = &map.files()[record];
+        let index = Index::of_record(map, record, space, Arc::clone(&mem.nodes), true)?;
+        let size = map.word(&rec.size);
+        Ok(Self {
+            id: rec.mapping_id.load(StatOrdering::Acquire),
+            index,
+            size,
+            cached_pages: StatU64::new(0),
+            counters: Counters::default(),
+            mem,
+            shadows,
+            pages,
+            own: PageCounts::default(),
+        })
     }
 
     /// Pages of this mapping's folios that are dirty.

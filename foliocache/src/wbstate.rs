@@ -8,11 +8,27 @@ use std::sync::{Mutex, PoisonError};
 
 /// The kernel's errseq_t (`lib/errseq.c`): the last error (errno, 12 bits), whether anyone has
 /// seen it (bit 12), and a counter of errors seen (the rest).
-#[derive(Debug, Default)]
-pub(crate) struct ErrSeq(AtomicU32);
+/// In a shared cache the word lives in the file's record, so it outlives the owner.
+#[derive(Debug)]
+pub(crate) struct ErrSeq(crate::mem::word::Word<AtomicU32>);
+
+impl Default for ErrSeq {
+    fn default() -> Self {
+        Self(crate::mem::word::Word::Own(AtomicU32::new(0)))
+    }
+}
+
+impl ErrSeq {
+    /// The errseq held in `word` (a shared cache's file record).
+    pub(crate) fn in_word(word: crate::mem::word::Word<AtomicU32>) -> Self {
+        Self(word)
+    }
+}
 
 const ERRNO_MASK: u32 = (1 << 12) - 1;
 const SEEN: u32 = 1 << 12;
+/// The "seen" bit of an errseq word (a shared cache's client samples the word itself).
+pub(crate) const ERRSEQ_SEEN: u32 = SEEN;
 const COUNTER_ONE: u32 = 1 << 13;
 
 impl ErrSeq {
@@ -86,6 +102,14 @@ pub(crate) struct WbState {
 }
 
 impl WbState {
+    /// A file's writeback state whose errors live in `errors` (a shared cache's record).
+    pub(crate) fn with_errors(errors: ErrSeq) -> Self {
+        Self {
+            errors,
+            ..Self::default()
+        }
+    }
+
     pub(crate) fn pass_lock(&self) -> Passing<'_> {
         let order = crate::sync::order::taking(crate::sync::order::Rank::Pass);
         Passing {

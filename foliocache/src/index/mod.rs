@@ -29,6 +29,9 @@ pub(crate) mod reclaim;
 
 use crate::error::Error;
 use crate::mem::NodeMeter;
+#[cfg(not(loom))]
+use crate::mem::nodes::{NODE_ROOM, NodeSpace};
+use crate::mem::word::Word;
 use crate::sync::unmodelled::{AtomicUsize as StatUsize, Ordering as StatOrdering};
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};
 use node::{CHUNK, CHUNK_SHIFT, MARKS, Node, is_node};
@@ -40,18 +43,41 @@ use std::sync::Arc;
 /// Bytes of one index node.
 pub const NODE_BYTES: usize = std::mem::size_of::<Node>();
 
+#[cfg(not(loom))]
+const _: () = assert!(NODE_BYTES <= NODE_ROOM);
+
 /// The largest order of an entry.
 pub const MAX_ENTRY_ORDER: u8 = 63;
 
 /// The lock-free-readable radix index.
 #[derive(Debug)]
 pub struct Index {
-    /// 0 (empty tree) or a pointer to the root node.
-    root: AtomicUsize,
+    /// 0 (empty tree) or the root node's word (see [`Index::node_at`]); in a shared cache it
+    /// lives in the file's record, where every process reads it.
+    root: Word<AtomicUsize>,
+    /// Where the nodes live; with `base` and `limit`, how a slot's word names a node.
+    store: NodeStore,
+    /// Added to a node word to make its address: 0 for heap nodes (the word is the address).
+    base: usize,
+    /// The largest node word that names a node: every word read from a slot is checked against
+    /// it before use (the space's end for a shared cache; no limit for heap nodes).
+    limit: usize,
     writer: Mutex<()>,
     nodes: StatUsize,
     node_limit: usize,
     meter: Arc<NodeMeter>,
+    /// False for a client's view of a shared index (never written by this process).
+    writable: bool,
+}
+
+/// Where an index's nodes live.
+#[derive(Debug)]
+enum NodeStore {
+    /// Boxed on the heap; a slot holds the node's address.
+    Heap,
+    /// In a [`NodeSpace`] (a shared cache's arena); a slot holds the node's offset in it.
+    #[cfg(not(loom))]
+    Space(Arc<dyn NodeSpace>),
 }
 
 impl std::fmt::Debug for Node {
@@ -114,20 +140,100 @@ impl Index {
     /// An empty index whose nodes are also counted by `meter` (shared with other indexes).
     pub fn with_meter(limit: usize, meter: Arc<NodeMeter>) -> Self {
         Self {
-            root: AtomicUsize::new(0),
+            root: Word::Own(AtomicUsize::new(0)),
+            store: NodeStore::Heap,
+            base: 0,
+            limit: usize::MAX,
             writer: Mutex::ranked(crate::sync::order::Rank::IndexWriter, ()),
             nodes: StatUsize::new(0),
             node_limit: limit,
             meter,
+            writable: true,
         }
+    }
+
+    /// The index of file record `record` of a shared cache's mapping: its root is the
+    /// record's root word, its nodes live in `space` (the tree already there, if any, is this
+    /// index's), counted by `meter`. A `writable` index is the owner's: one per record in a
+    /// process (a second is refused: two writers of one tree would free each other's nodes).
+    /// A read-only one is a client's view, whose writer lock must never be taken.
+    #[cfg(not(loom))]
+    pub(crate) fn of_record(
+        map: &Arc<crate::mem::shared::SharedMap>,
+        record: usize,
+        space: Arc<dyn NodeSpace>,
+        meter: Arc<NodeMeter>,
+        writable: bool,
+    ) -> Result<Self, Error> {
+        let rec = map.files().get(record).ok_or_else(|| {
+            Error::SharedMapping(format!("no file record {record} in the mapping"))
+        })?;
+        let root = map.word(&rec.root);
+        if writable {
+            let at = std::ptr::from_ref::<AtomicUsize>(&root) as usize;
+            let mut writers = SHARED_WRITERS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if writers.contains(&at) {
+                return Err(Error::SharedMapping(format!(
+                    "file record {record} already has a writer in this process"
+                )));
+            }
+            writers.push(at);
+        }
+        let (base, len) = (space.base(), space.len());
+        Ok(Self {
+            root,
+            store: NodeStore::Space(space),
+            base,
+            limit: len.saturating_sub(NODE_ROOM),
+            writer: Mutex::ranked(crate::sync::order::Rank::IndexWriter, ()),
+            nodes: StatUsize::new(0),
+            node_limit: usize::MAX,
+            meter,
+            writable,
+        })
+    }
+
+    /// The node a slot's (or the root's) word names, or null for a word that names none
+    /// within this index's space (a corrupted shared mapping: readers then see a hole).
+    #[inline]
+    pub(crate) fn node_at(&self, word: usize) -> *const Node {
+        if word == 0 || word > self.limit || !word.is_multiple_of(std::mem::align_of::<Node>()) {
+            return std::ptr::null();
+        }
+        (self.base + word) as *const Node
+    }
+
+    /// Like [`Self::node_at`] for a writer, which only follows words it wrote itself: a word
+    /// that names no node means the mapping was corrupted under it, and it stops.
+    fn live_node(&self, word: usize) -> &Node {
+        let node = self.node_at(word);
+        assert!(
+            !node.is_null(),
+            "index node word {word:#x} outside the node space"
+        );
+        // SAFETY: writers only call this under the writer lock on words read from the tree,
+        // whose nodes are live until this writer retires them.
+        unsafe { &*node }
+    }
+
+    /// Whether this index's nodes are in a shared space (so allocation can fail).
+    fn in_shared_space(&self) -> bool {
+        !matches!(self.store, NodeStore::Heap)
     }
 
     /// Takes the writer lock.
     pub fn lock(&self) -> IndexWriter<'_> {
+        assert!(
+            self.writable,
+            "a client's read-only view of a shared index was locked for writing"
+        );
         IndexWriter {
             index: self,
             _lock: self.writer.lock(),
             guard: pin(),
+            stash: std::cell::RefCell::new(Vec::new()),
         }
     }
 
@@ -270,18 +376,39 @@ impl Index {
     }
 
     fn root_node(&self) -> *const Node {
-        self.root.load(Ordering::Acquire) as *const Node
+        self.node_at(self.root.load(Ordering::Acquire))
     }
 }
 
+/// The root words of shared indexes that have their writer in this process (one each).
+#[cfg(not(loom))]
+static SHARED_WRITERS: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
 impl Drop for Index {
     fn drop(&mut self) {
+        #[cfg(not(loom))]
+        if self.writable && self.in_shared_space() {
+            let at = std::ptr::from_ref::<AtomicUsize>(&self.root) as usize;
+            SHARED_WRITERS
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .retain(|&w| w != at);
+        }
         let root = self.root.load(Ordering::Relaxed);
-        if root != 0 {
-            // SAFETY: `&mut self`: no reader or writer can be inside the tree; every linked node
-            // came from `Box::into_raw` and is reachable exactly once from the root.
-            let freed = unsafe { free_subtree(root as *mut Node) };
-            self.meter.credit(freed * NODE_BYTES);
+        if root == 0 {
+            return;
+        }
+        match &self.store {
+            NodeStore::Heap => {
+                // SAFETY: `&mut self`: no reader or writer can be inside the tree; every linked
+                // node came from `Box::into_raw` and is reachable exactly once from the root.
+                let freed = unsafe { free_subtree(root as *mut Node) };
+                self.meter.credit(freed * NODE_BYTES);
+            }
+            // A shared tree outlives this process's view of it: the owner drops a file's tree
+            // explicitly (`IndexWriter::clear`), a client's view never does.
+            #[cfg(not(loom))]
+            NodeStore::Space(_) => {}
         }
     }
 }
@@ -457,7 +584,12 @@ impl Cursor<'_> {
             let offset = n.offset(index);
             let word = n.slots[offset].load(Ordering::Acquire);
             if is_node(word) {
-                node = word as *const Node;
+                let child = self.index.node_at(word);
+                if child.is_null() {
+                    // A word naming no node (a corrupted shared mapping) reads as a hole.
+                    return self.hole(node, offset, index, u32::from(n.shift));
+                }
+                node = child;
                 continue;
             }
             match Entry::decode(word) {
@@ -558,6 +690,20 @@ pub struct IndexWriter<'a> {
     index: &'a Index,
     _lock: MutexGuard<'a, ()>,
     guard: Guard,
+    /// Nodes of a shared space allocated ahead of a change (`reserve`), not yet linked.
+    stash: std::cell::RefCell<Vec<usize>>,
+}
+
+impl Drop for IndexWriter<'_> {
+    /// Nodes stashed for a change that needed fewer go straight back: no reader ever saw them.
+    fn drop(&mut self) {
+        #[cfg(not(loom))]
+        if let NodeStore::Space(space) = &self.index.store {
+            for word in self.stash.get_mut().drain(..) {
+                space.free(word);
+            }
+        }
+    }
 }
 
 /// What a conflict scan found in the range of a new entry.
@@ -684,7 +830,7 @@ impl IndexWriter<'_> {
             if !is_node(word) {
                 return None;
             }
-            node = word as *const Node;
+            node = self.index.live_node(word);
         }
     }
 
@@ -741,7 +887,7 @@ impl IndexWriter<'_> {
             let word = n.slots[offset].load(Ordering::Relaxed);
             if is_node(word) {
                 path.push((node, offset));
-                node = word as *const Node;
+                node = self.index.live_node(word);
                 continue;
             }
             match Entry::decode(word) {
@@ -789,7 +935,7 @@ impl IndexWriter<'_> {
             let word = n.slots[offset].load(Ordering::Relaxed);
             if is_node(word) {
                 path.push((node, offset));
-                node = word as *const Node;
+                node = self.index.live_node(word);
                 continue;
             }
             let entry = Entry::decode(word)?;
@@ -807,7 +953,7 @@ impl IndexWriter<'_> {
             return Ok(());
         }
         // SAFETY: live under the writer lock.
-        check_node(unsafe { &*root })
+        check_node(self.index, unsafe { &*root })
     }
 
     /// Sets `mark` on the folio entry covering `index`; returns whether there is one.
@@ -861,7 +1007,7 @@ impl IndexWriter<'_> {
             return None;
         }
         // SAFETY: live under the writer lock.
-        next_marked_in(unsafe { &*root }, 0, from, last, mark as usize)
+        next_marked_in(self.index, unsafe { &*root }, 0, from, last, mark as usize)
     }
 
     /// Replaces the entry `old` covering `index` with `new`, of the same order, in place: a
@@ -891,7 +1037,7 @@ impl IndexWriter<'_> {
             }
             let word = n.slots[n.offset(index)].load(Ordering::Relaxed);
             if is_node(word) {
-                node = word as *const Node;
+                node = self.index.live_node(word);
                 continue;
             }
             if Entry::decode(word) != Some(old) {
@@ -956,8 +1102,8 @@ impl IndexWriter<'_> {
         });
         // SAFETY: as above.
         if unsafe { &*root }.count.load(StatOrdering::Relaxed) == 0 {
-            self.index.root.store(0, Ordering::Release);
-            self.retire(root.cast_mut());
+            let word = self.index.root.swap(0, Ordering::AcqRel);
+            self.retire(word);
         }
         self.shrink();
         removed
@@ -988,7 +1134,7 @@ impl IndexWriter<'_> {
             let word = node.slots[offset].load(Ordering::Relaxed);
             if is_node(word) {
                 // SAFETY: a child of a live node, under the writer lock.
-                let child = unsafe { &*(word as *const Node) };
+                let child = self.index.live_node(word);
                 self.truncate_node(child, slot_first, first, last, remove);
                 for m in 0..MARKS {
                     if child.mark_bits(m) == 0 {
@@ -998,7 +1144,7 @@ impl IndexWriter<'_> {
                 if child.count.load(StatOrdering::Relaxed) == 0 {
                     node.slots[offset].store(0, Ordering::Release);
                     node.count.fetch_sub(1, StatOrdering::Relaxed);
-                    self.retire(word as *mut Node);
+                    self.retire(word);
                 }
                 offset += 1;
                 continue;
@@ -1024,13 +1170,32 @@ impl IndexWriter<'_> {
 
     /// Fails, before changing anything, if storing an entry at `index` (ending at `last`) on
     /// `level` would need more nodes than the index's limit allows.
+    /// In a shared space it also allocates those nodes now, into the writer's stash: the
+    /// change that follows then cannot fail half done for want of memory.
     fn reserve(&self, index: u64, last: u64, level: u8) -> Result<(), Error> {
+        if self.index.in_shared_space() {
+            return self.stash_nodes(self.nodes_needed(index, last, level));
+        }
         if self.index.node_limit == usize::MAX {
             return Ok(());
         }
         if self.index.node_count() + self.nodes_needed(index, last, level) > self.index.node_limit {
             return Err(Error::IndexNoMemory);
         }
+        Ok(())
+    }
+
+    /// Makes the stash hold at least `needed` nodes of the shared space.
+    fn stash_nodes(&self, needed: usize) -> Result<(), Error> {
+        #[cfg(not(loom))]
+        if let NodeStore::Space(space) = &self.index.store {
+            let mut stash = self.stash.borrow_mut();
+            while stash.len() < needed {
+                stash.push(space.alloc().ok_or(Error::IndexNoMemory)?);
+            }
+        }
+        #[cfg(loom)]
+        let _ = needed;
         Ok(())
     }
 
@@ -1064,37 +1229,77 @@ impl IndexWriter<'_> {
                 return needed + levels(node.shift);
             }
             // SAFETY: a child of a live node, under the writer lock.
-            node = unsafe { &*(word as *const Node) };
+            node = self.index.live_node(word);
         }
         needed
     }
 
-    fn new_node(&self, shift: u8) -> *mut Node {
+    /// A new, empty node at `shift`: its address and the word that names it in a slot. Nodes in
+    /// a shared space come from the writer's stash, filled by `reserve` before the change began
+    /// (so a change never fails half done).
+    fn new_node(&self, shift: u8) -> (*mut Node, usize) {
         self.index.nodes.fetch_add(1, StatOrdering::Relaxed);
         self.index.meter.charge(NODE_BYTES);
-        Box::into_raw(Box::new(Node::new(shift)))
+        match &self.index.store {
+            NodeStore::Heap => {
+                let node = Box::into_raw(Box::new(Node::new(shift)));
+                (node, node as usize)
+            }
+            #[cfg(not(loom))]
+            NodeStore::Space(_) => {
+                let word = self
+                    .stash
+                    .borrow_mut()
+                    .pop()
+                    .expect("reserve() stashed every node this change needs");
+                let node = self.index.node_at(word).cast_mut();
+                assert!(!node.is_null(), "the space handed out a word outside it");
+                // SAFETY: the space handed this room to this writer alone (it is in no tree and
+                // no reader can reach it), it lies inside the space (checked above) and is
+                // aligned for a node (`NodeSpace::alloc`).
+                unsafe { node.write(Node::new(shift)) };
+                (node, word)
+            }
+        }
     }
 
-    fn retire(&self, node: *mut Node) {
+    /// Frees the node `word` names once no reader can still reach it. Callers pass a node they
+    /// have just unlinked (no new reader can reach it) and retire each node once.
+    fn retire(&self, word: usize) {
         self.index.nodes.fetch_sub(1, StatOrdering::Relaxed);
-        // SAFETY: callers pass a node they have just unlinked (no new reader can reach it) and
-        // retire each node once.
-        unsafe {
-            reclaim::retire(&self.guard, node, Arc::clone(&self.index.meter));
-        };
+        match &self.index.store {
+            NodeStore::Heap => {
+                // SAFETY: heap words are `Box::into_raw` addresses; see above for the rest.
+                unsafe {
+                    reclaim::retire(
+                        &self.guard,
+                        word as *mut Node,
+                        Arc::clone(&self.index.meter),
+                    );
+                };
+            }
+            #[cfg(not(loom))]
+            NodeStore::Space(space) => {
+                reclaim::retire_in_space(
+                    &self.guard,
+                    word,
+                    Arc::clone(space),
+                    Arc::clone(&self.index.meter),
+                );
+            }
+        }
     }
 
     /// Retires a whole unlinked subtree (which holds no folio).
-    fn retire_subtree(&self, node: *mut Node) {
-        // SAFETY: the subtree was just unlinked under the writer lock; its nodes are live.
-        let n = unsafe { &*node };
+    fn retire_subtree(&self, word: usize) {
+        let n = self.index.live_node(word);
         for slot in &n.slots {
-            let word = slot.load(Ordering::Relaxed);
-            if is_node(word) {
-                self.retire_subtree(word as *mut Node);
+            let child = slot.load(Ordering::Relaxed);
+            if is_node(child) {
+                self.retire_subtree(child);
             }
         }
-        self.retire(node);
+        self.retire(word);
     }
 
     /// Grows the tree until the root covers `last` and sits at least at `level`.
@@ -1102,45 +1307,44 @@ impl IndexWriter<'_> {
         let needed = height_for(last).max(level);
         let root = self.index.root_node();
         if root.is_null() {
-            let node = self.new_node(needed);
-            self.index.root.store(node as usize, Ordering::Release);
+            let (_, word) = self.new_node(needed);
+            self.index.root.store(word, Ordering::Release);
             return;
         }
         // SAFETY: live under the writer lock.
         let mut shift = unsafe { &*root }.shift;
-        let mut current = root as usize;
+        let mut current = self.index.root.load(Ordering::Relaxed);
         while shift < needed {
             shift += CHUNK_SHIFT as u8;
-            let parent = self.new_node(shift);
+            let (parent, word) = self.new_node(shift);
             // SAFETY: just allocated, not yet visible to anyone.
             let p = unsafe { &*parent };
             p.slots[0].store(current, Ordering::Relaxed);
             p.count.store(1, StatOrdering::Relaxed);
-            // SAFETY: `current` is the old root (live under the writer lock) or a node just made.
-            let old = unsafe { &*(current as *const Node) };
+            // `current` is the old root (live under the writer lock) or a node just made.
+            let old = self.index.live_node(current);
             for m in 0..MARKS {
                 if old.mark_bits(m) != 0 {
                     p.set_mark_bit(m, 0, true);
                 }
             }
-            self.index.root.store(parent as usize, Ordering::Release);
-            current = parent as usize;
+            self.index.root.store(word, Ordering::Release);
+            current = word;
         }
     }
 
     /// Drops root levels that only lead to their first slot's child.
     fn shrink(&self) {
         loop {
-            let root = self.index.root_node();
-            if root.is_null() {
+            let word = self.index.root.load(Ordering::Relaxed);
+            if word == 0 {
                 return;
             }
-            // SAFETY: live under the writer lock.
-            let r = unsafe { &*root };
+            let r = self.index.live_node(word);
             let count = r.count.load(StatOrdering::Relaxed);
             if count == 0 {
                 self.index.root.store(0, Ordering::Release);
-                self.retire(root.cast_mut());
+                self.retire(word);
                 return;
             }
             let first = r.slots[0].load(Ordering::Relaxed);
@@ -1149,7 +1353,7 @@ impl IndexWriter<'_> {
             }
             // Readers still inside the old root follow slot 0 to the (live) child.
             self.index.root.store(first, Ordering::Release);
-            self.retire(root.cast_mut());
+            self.retire(word);
         }
     }
 
@@ -1166,7 +1370,7 @@ impl IndexWriter<'_> {
             p.count.fetch_sub(1, StatOrdering::Relaxed);
             // An empty node carries no marks: its parent's bits for it were cleared with them.
             debug_assert!((0..MARKS).all(|m| node.mark_bits(m) == 0));
-            self.retire(child as *mut Node);
+            self.retire(child);
             node = p;
         }
     }
@@ -1180,11 +1384,16 @@ impl IndexWriter<'_> {
             let offset = n.offset(index);
             if n.shift == level {
                 let (first_slot, span) = group(n, index, order);
-                return scan_slots(n, node_base(n, index), first_slot..first_slot + span);
+                return scan_slots(
+                    self.index,
+                    n,
+                    node_base(n, index),
+                    first_slot..first_slot + span,
+                );
             }
             let word = n.slots[offset].load(Ordering::Relaxed);
             if is_node(word) {
-                node = word as *const Node;
+                node = self.index.live_node(word);
                 continue;
             }
             return match Entry::decode(word) {
@@ -1209,10 +1418,10 @@ impl IndexWriter<'_> {
             }
             let word = n.slots[offset].load(Ordering::Relaxed);
             if is_node(word) {
-                node = word as *const Node;
+                node = self.index.live_node(word);
                 continue;
             }
-            let child = self.new_node(n.shift - CHUNK_SHIFT as u8);
+            let (child, child_word) = self.new_node(n.shift - CHUNK_SHIFT as u8);
             if let Some(Entry::Value { value, order }) = Entry::decode(word) {
                 // Split a value covering this slot (and maybe its neighbours) around it: the
                 // neighbours keep the value as single-slot entries, the child is filled with it.
@@ -1231,7 +1440,7 @@ impl IndexWriter<'_> {
             } else {
                 n.count.fetch_add(1, StatOrdering::Relaxed);
             }
-            n.slots[offset].store(child as usize, Ordering::Release);
+            n.slots[offset].store(child_word, Ordering::Release);
             node = child;
         }
         // SAFETY: live under the writer lock.
@@ -1251,7 +1460,7 @@ impl IndexWriter<'_> {
             if old == 0 {
                 added += 1;
             } else if is_node(old) {
-                self.retire_subtree(old as *mut Node);
+                self.retire_subtree(old);
             }
         }
         n.count.fetch_add(added, StatOrdering::Relaxed);
@@ -1279,7 +1488,7 @@ impl IndexWriter<'_> {
 }
 
 /// See [`IndexWriter::check_invariants`].
-fn check_node(node: &Node) -> Result<(), String> {
+fn check_node(index: &Index, node: &Node) -> Result<(), String> {
     let mut used = 0u16;
     let mut offset = 0;
     while offset < CHUNK {
@@ -1289,8 +1498,8 @@ fn check_node(node: &Node) -> Result<(), String> {
         if is_node(word) {
             used += 1;
             // SAFETY: a child of a live node, under the writer lock.
-            let child = unsafe { &*(word as *const Node) };
-            check_node(child)?;
+            let child = index.live_node(word);
+            check_node(index, child)?;
             allowed = std::array::from_fn(|m| child.mark_bits(m) != 0);
             for (m, &expect) in allowed.iter().enumerate() {
                 let bit = node.mark_bits(m) & (1 << offset) != 0;
@@ -1331,7 +1540,14 @@ fn check_node(node: &Node) -> Result<(), String> {
 
 /// The first entry under `node` (covering indexes from `base`) carrying mark `m` that covers
 /// an index in `from..=last` (under the writer lock).
-fn next_marked_in(node: &Node, base: u64, from: u64, last: u64, m: usize) -> Option<(u64, Entry)> {
+fn next_marked_in(
+    index: &Index,
+    node: &Node,
+    base: u64,
+    from: u64,
+    last: u64,
+    m: usize,
+) -> Option<(u64, Entry)> {
     let shift = u32::from(node.shift);
     let bits = node.mark_bits(m);
     if bits == 0 {
@@ -1355,8 +1571,10 @@ fn next_marked_in(node: &Node, base: u64, from: u64, last: u64, m: usize) -> Opt
         let word = node.slots[offset].load(Ordering::Relaxed);
         if is_node(word) {
             // SAFETY: a child of a live node, under the writer lock.
-            let child = unsafe { &*(word as *const Node) };
-            if let Some(found) = next_marked_in(child, slot_first, from.max(slot_first), last, m) {
+            let child = index.live_node(word);
+            if let Some(found) =
+                next_marked_in(index, child, slot_first, from.max(slot_first), last, m)
+            {
                 return Some(found);
             }
             continue;
@@ -1390,7 +1608,7 @@ fn unmark_path(path: &[(*const Node, usize)], node: &Node, was: [bool; MARKS]) {
 
 /// Looks for folios in `slots` of `node` (whose first index is `base`), subtrees included
 /// (read-only, under the writer lock): the first folio's index, else the first value found.
-fn scan_slots(node: &Node, base: u64, slots: std::ops::Range<usize>) -> Scan {
+fn scan_slots(index: &Index, node: &Node, base: u64, slots: std::ops::Range<usize>) -> Scan {
     let shift = u32::from(node.shift);
     let mut shadow = None;
     for offset in slots {
@@ -1400,8 +1618,8 @@ fn scan_slots(node: &Node, base: u64, slots: std::ops::Range<usize>) -> Scan {
         let word = node.slots[offset].load(Ordering::Relaxed);
         if is_node(word) {
             // SAFETY: a child of a live node, under the writer lock.
-            let child = unsafe { &*(word as *const Node) };
-            match scan_slots(child, slot_first, 0..CHUNK) {
+            let child = index.live_node(word);
+            match scan_slots(index, child, slot_first, 0..CHUNK) {
                 Scan::Conflict(at) => return Scan::Conflict(at),
                 Scan::Clear(found) => shadow = shadow.or(found),
             }

@@ -44,3 +44,19 @@ pub(crate) unsafe fn retire(_guard: &Guard, node: *mut Node, meter: Arc<NodeMete
         meter.credit(NODE_BYTES);
     });
 }
+
+/// Gives the room of the node `word` names back to `space` once no reader pinned now can still
+/// reach it (the shared cache's nodes: see `mem::nodes`). The node must be unlinked and retired
+/// once, as for [`retire`]. Readers in other processes pin too (`mem::epoch`, external pins).
+#[cfg(not(loom))]
+pub(crate) fn retire_in_space(
+    _guard: &Guard,
+    word: usize,
+    space: Arc<dyn crate::mem::nodes::NodeSpace>,
+    meter: Arc<NodeMeter>,
+) {
+    crate::mem::epoch::defer(move || {
+        space.free(word);
+        meter.credit(NODE_BYTES);
+    });
+}

@@ -9,13 +9,17 @@ use crate::mem::PAGE_SIZE;
 use std::io;
 use std::ptr::NonNull;
 
-/// One anonymous, private, read-write mapping of `pages` pages.
+/// One anonymous, private, read-write mapping of `pages` pages (or a shared cache's arena).
 #[derive(Debug)]
 pub(crate) struct Arena {
     base: NonNull<u8>,
     pages: usize,
-    /// What was actually mapped (alignment slack included), for `munmap`.
-    mapped: (NonNull<u8>, usize),
+    /// What was actually mapped (alignment slack included), for `munmap`; `None` for a shared
+    /// cache's arena, which its mapping unmaps.
+    mapped: Option<(NonNull<u8>, usize)>,
+    /// The shared mapping holding the arena, kept mapped while the arena lives.
+    #[cfg(not(loom))]
+    _shared: Option<std::sync::Arc<super::shared::SharedMap>>,
 }
 
 // SAFETY: the arena is plain memory owned by this value; which thread may touch which bytes is
@@ -66,7 +70,9 @@ impl Arena {
         let arena = Self {
             base,
             pages,
-            mapped: (mapped, bytes),
+            mapped: Some((mapped, bytes)),
+            #[cfg(not(loom))]
+            _shared: None,
         };
         if huge_pages {
             // Best effort: a kernel without THP simply keeps small pages.
@@ -80,6 +86,35 @@ impl Arena {
             }
         }
         Ok(arena)
+    }
+
+    /// The arena of a shared cache's mapping (its memory is the memfd's: the owner reserved it
+    /// all at creation).
+    #[cfg(not(loom))]
+    pub(crate) fn in_shared(
+        map: std::sync::Arc<super::shared::SharedMap>,
+        huge_pages: bool,
+    ) -> Self {
+        let (base, pages) = map.arena();
+        if huge_pages {
+            // Best effort, as for a private arena: shmem backs it with huge pages only where
+            // `shmem_enabled` allows (`advise`, `always`, `within_size`).
+            // SAFETY: advising a range inside the shared mapping, which `map` keeps mapped.
+            unsafe {
+                libc::madvise(base.as_ptr().cast(), pages * PAGE_SIZE, libc::MADV_HUGEPAGE);
+            }
+        }
+        Self {
+            base,
+            pages,
+            mapped: None,
+            _shared: Some(map),
+        }
+    }
+
+    /// The address of the arena's first byte.
+    pub(crate) fn base(&self) -> NonNull<u8> {
+        self.base
     }
 
     /// Faults every page in now (`MADV_POPULATE_WRITE`), so first touches are not timed later.
@@ -113,6 +148,10 @@ impl Arena {
     /// Gives the memory of pages `pfn..pfn + count` back to the kernel (`MADV_DONTNEED`): they
     /// read as zeros and cost no resident memory until touched again. Best effort.
     pub(crate) fn discard(&self, pfn: usize, count: usize) {
+        if self.mapped.is_none() {
+            // A shared arena's memory is the memfd's: it is not given back page by page.
+            return;
+        }
         assert!(
             count > 0 && pfn.checked_add(count).is_some_and(|end| end <= self.pages),
             "pages {pfn}+{count} outside the arena"
@@ -129,10 +168,12 @@ impl Arena {
 
 impl Drop for Arena {
     fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `new` mapped; no folio reference can outlive the cache
-        // that owns this arena (references borrow it).
-        unsafe {
-            libc::munmap(self.mapped.0.as_ptr().cast(), self.mapped.1);
+        if let Some((mapped, bytes)) = self.mapped {
+            // SAFETY: unmapping exactly what `new` mapped; no folio reference can outlive the
+            // cache that owns this arena (references borrow it).
+            unsafe {
+                libc::munmap(mapped.as_ptr().cast(), bytes);
+            }
         }
     }
 }

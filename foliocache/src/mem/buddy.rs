@@ -163,6 +163,32 @@ impl Buddy {
         })
     }
 
+    /// An allocator over `pages` pages of which only those `free` says are free (a new owner
+    /// taking a shared cache over: the others hold kept folios, nodes or quarantined memory),
+    /// carved into the largest aligned blocks of free pages.
+    pub(crate) fn with_free(
+        pages: usize,
+        max_order: u8,
+        free: &dyn Fn(u32) -> bool,
+    ) -> Result<Self, Error> {
+        let buddy = Self::new(pages, max_order)?;
+        {
+            let mut zone = buddy.zone.lock();
+            *zone = Zone {
+                heads: vec![NIL; max_order as usize + 1],
+                next: filled(pages, NIL)?,
+                prev: filled(pages, NIL)?,
+                free_order: filled(pages, NOT_FREE)?,
+                free_pages: 0,
+            };
+            // One page at a time: freeing merges buddies into the largest blocks.
+            for pfn in (0..pages as u32).filter(|&pfn| free(pfn)) {
+                zone.free(pfn, 0);
+            }
+        }
+        Ok(buddy)
+    }
+
     fn zone(&self) -> MutexGuard<'_, Zone> {
         self.zone_locks.inc();
         self.zone.lock()

@@ -83,10 +83,23 @@ struct Garbage {
     since_advance: usize,
 }
 
+/// Readers outside this process whose pins count too: a shared cache's client threads (see
+/// [`add_external`]).
+pub(crate) trait External: Send + Sync {
+    /// Whether every pin of these readers is idle or taken in `epoch` (read after the advance's
+    /// `SeqCst` fence, with relaxed loads, as the participants are).
+    fn caught_up(&self, epoch: u64) -> bool;
+
+    /// The epoch moved to `epoch`: the readers pin with this value from now on.
+    fn advanced(&self, epoch: u64);
+}
+
 /// The global state: the epoch, the participants, the queue of deferred functions.
 struct Domain {
     epoch: CachePadded<AtomicU64>,
     participants: Mutex<Vec<Arc<Participant>>>,
+    /// Readers in other processes (a shared cache's owner has its clients here).
+    externals: Mutex<Vec<Arc<dyn External>>>,
     garbage: Mutex<Garbage>,
     /// Deferred functions not yet run (statistics and tests).
     pending: PlainUsize,
@@ -97,6 +110,7 @@ impl Domain {
         Self {
             epoch: CachePadded::new(AtomicU64::new(1)),
             participants: Mutex::ranked(crate::sync::order::Rank::EpochParticipants, Vec::new()),
+            externals: Mutex::ranked(crate::sync::order::Rank::EpochParticipants, Vec::new()),
             garbage: Mutex::ranked(crate::sync::order::Rank::EpochGarbage, Garbage::default()),
             pending: PlainUsize::new(0),
         }
@@ -116,10 +130,19 @@ impl Domain {
         if !all_caught_up {
             return epoch;
         }
+        let externals = self.externals.lock().clone();
+        if !externals.iter().all(|e| e.caught_up(epoch)) {
+            return epoch;
+        }
         // Pairs with the unpins (release) read above: the reads their readers made while pinned
         // happen before anything freed after this advance.
         fence(Ordering::Acquire);
         self.epoch.store(epoch + 1, Ordering::Release);
+        // After the store: a reader elsewhere that reads the old value pins an epoch that is
+        // already behind, which only holds the next advance back (see `external_pin`).
+        for external in &externals {
+            external.advanced(epoch + 1);
+        }
         epoch + 1
     }
 
@@ -331,6 +354,71 @@ impl Drop for Guard {
 /// destroyed is not seen here.
 pub fn is_pinned() -> bool {
     LOCAL.try_with(|l| l.depth.get() > 0).unwrap_or(false)
+}
+
+/// Counts `external`'s readers in every grace period from now on, starting the epoch at
+/// `at_least` if it is below (a shared cache's new owner starts above every epoch its clients
+/// may still hold pins of, see `docs/SHARED.md`), and tells it the current epoch.
+pub(crate) fn add_external(external: Arc<dyn External>, at_least: u64) {
+    let domain = domain();
+    let garbage = domain.garbage.lock();
+    domain.epoch.fetch_max(at_least, Ordering::AcqRel);
+    domain.externals.lock().push(Arc::clone(&external));
+    external.advanced(domain.epoch.load(Ordering::Acquire));
+    drop(garbage);
+}
+
+/// Stops counting `external`'s readers (its readers are gone, or it stops being served).
+pub(crate) fn remove_external(external: &Arc<dyn External>) {
+    domain()
+        .externals
+        .lock()
+        .retain(|e| !Arc::ptr_eq(e, external));
+}
+
+/// A pin of a reader in another process, released when dropped (see [`external_pin`]).
+#[cfg(not(loom))]
+#[must_use]
+pub(crate) struct ExternalGuard<'a> {
+    pin: &'a AtomicU64,
+}
+
+#[cfg(not(loom))]
+impl<'a> ExternalGuard<'a> {
+    /// Pins `pin` with the epoch `mirror` holds (see [`external_pin`]).
+    pub(crate) fn new(pin: &'a AtomicU64, mirror: &AtomicU64) -> Self {
+        external_pin(pin, mirror);
+        Self { pin }
+    }
+}
+
+#[cfg(not(loom))]
+impl Drop for ExternalGuard<'_> {
+    fn drop(&mut self) {
+        external_unpin(self.pin);
+    }
+}
+
+/// A reader in another process pins: `pin` is its own word, `mirror` the epoch its cache's
+/// owner publishes (`External::advanced`). As a local pin: store (release), then a `SeqCst`
+/// fence before the reads it protects. The mirror may lag the owner's epoch (it is written
+/// after each advance): the pin then holds a value already behind, which only holds the next
+/// advance back until the reader unpins, never lets one through early.
+pub(crate) fn external_pin(pin: &AtomicU64, mirror: &AtomicU64) {
+    let epoch = mirror.load(Ordering::Acquire);
+    pin.store(pinned(epoch), Ordering::Release);
+    fence(Ordering::SeqCst);
+}
+
+/// A reader in another process unpins (release: its reads happen before a free that follows
+/// an advance which saw this).
+pub(crate) fn external_unpin(pin: &AtomicU64) {
+    pin.store(IDLE, Ordering::Release);
+}
+
+/// Whether a pin word read by an owner is idle or pinned in `epoch`.
+pub(crate) fn pin_caught_up(word: u64, epoch: u64) -> bool {
+    word == IDLE || word == pinned(epoch)
 }
 
 /// Runs `f` once every thread pinned now has unpinned. The caller must have made what `f` frees

@@ -59,6 +59,7 @@ pub mod flag {
 
 /// One arena page's descriptor (32 bytes).
 #[derive(Debug)]
+#[repr(C)]
 pub(crate) struct FolioDesc {
     pub(crate) refcount: RefCount,
     pub(crate) flags: AtomicU32,
@@ -82,6 +83,18 @@ impl FolioDesc {
             index: AtomicU64::new(0),
             seq: AtomicU32::new(0),
         }
+    }
+
+    /// Puts the descriptor in the free state of `policy`, as `new` makes it (a new shared
+    /// mapping's table, before anyone else sees it).
+    #[cfg(not(loom))]
+    pub(crate) fn reset(&self, policy: RefcountPolicy) {
+        self.refcount.reset_free(policy);
+        self.flags.store(0, Ordering::Relaxed);
+        self.order.store(0, Ordering::Relaxed);
+        self.mapping.store(0, Ordering::Relaxed);
+        self.index.store(0, Ordering::Relaxed);
+        self.seq.store(0, Ordering::Relaxed);
     }
 
     fn wait_key(&self) -> usize {

@@ -18,11 +18,17 @@ pub(crate) mod epoch;
 pub(crate) mod folio;
 pub(crate) mod grace;
 pub(crate) mod lru;
+pub(crate) mod nodes;
 pub(crate) mod optimistic;
 pub(crate) mod populate;
+#[cfg(not(loom))]
+pub(crate) mod records;
 pub(crate) mod refcount;
+#[cfg(not(loom))]
+pub(crate) mod shared;
 pub(crate) mod threads;
 pub(crate) mod wait;
+pub(crate) mod word;
 
 use crate::error::Error;
 use crate::inject::Inject;
@@ -84,7 +90,7 @@ pub(crate) struct Memory {
     arena: Arena,
     /// The allocator, behind the grace-period keeper that defers returns of published folios.
     grace: Grace,
-    table: Box<[FolioDesc]>,
+    table: Table,
     lru: Lru,
     /// Index nodes of every mapping of this cache.
     pub(crate) nodes: Arc<NodeMeter>,
@@ -93,6 +99,28 @@ pub(crate) struct Memory {
     pub(crate) max_order: u8,
     /// Faults armed by tests (`raw::Injector`), shared with the I/O engine.
     pub(crate) inject: Arc<Inject>,
+    /// A shared cache's mapping and the room its index nodes take in the arena (`None`: a
+    /// private cache, whose nodes are on the heap).
+    #[cfg(not(loom))]
+    pub(crate) shared: Option<(Arc<shared::SharedMap>, Arc<nodes::ArenaNodes>)>,
+}
+
+/// The folio table: on the heap (a private cache) or in a shared cache's mapping.
+#[derive(Debug)]
+enum Table {
+    Heap(Box<[FolioDesc]>),
+    #[cfg(not(loom))]
+    Shared(Arc<shared::SharedMap>),
+}
+
+impl Table {
+    fn descs(&self) -> &[FolioDesc] {
+        match self {
+            Self::Heap(table) => table,
+            #[cfg(not(loom))]
+            Self::Shared(map) => map.table(),
+        }
+    }
 }
 
 /// Arena pages set aside to pay for index nodes, which live on the heap: while the reserve
@@ -169,7 +197,7 @@ impl Memory {
         Ok(Self {
             populator,
             grace: Grace::new(buddy),
-            table: table.into_boxed_slice(),
+            table: Table::Heap(table.into_boxed_slice()),
             lru: Lru::new(pages)?,
             nodes: Arc::default(),
             reserve: IndexReserve {
@@ -192,7 +220,57 @@ impl Memory {
             policy,
             max_order,
             inject: Arc::default(),
+            #[cfg(not(loom))]
+            shared: None,
         })
+    }
+
+    /// The memory of a shared cache's owner: the arena and folio table of `map` (every page
+    /// free, or, for a new owner taking over, the pages `free` says are), index nodes in the
+    /// arena. No populator (the memfd's memory was reserved at creation) and no node reserve
+    /// (nodes take arena pages themselves).
+    #[cfg(not(loom))]
+    pub(crate) fn new_shared(
+        map: Arc<shared::SharedMap>,
+        max_order: u8,
+        huge_pages: bool,
+        policy: RefcountPolicy,
+        free: Option<&dyn Fn(u32) -> bool>,
+    ) -> Result<Self, Error> {
+        let arena = Arena::in_shared(Arc::clone(&map), huge_pages);
+        let pages = arena.pages();
+        let buddy = Arc::new(match free {
+            None => Buddy::new(pages, max_order)?,
+            Some(free) => Buddy::with_free(pages, max_order, free)?,
+        });
+        let nodes = Arc::new(nodes::ArenaNodes::new(Arc::clone(&map), Arc::clone(&buddy)));
+        Ok(Self {
+            populator: None,
+            grace: Grace::new(buddy),
+            table: Table::Shared(Arc::clone(&map)),
+            lru: Lru::new(pages)?,
+            nodes: Arc::default(),
+            reserve: IndexReserve {
+                blocks: Mutex::ranked(crate::sync::order::Rank::IndexReserve, Vec::new()),
+                count: StatUsize::new(0),
+                headroom: 0,
+                charged: false,
+                block_order: 0,
+            },
+            arena,
+            policy,
+            max_order,
+            inject: Arc::default(),
+            shared: Some((map, nodes)),
+        })
+    }
+
+    /// Where this cache's index nodes go: `None` for the heap (a private cache).
+    #[cfg(not(loom))]
+    pub(crate) fn node_space(&self) -> Option<Arc<dyn nodes::NodeSpace>> {
+        self.shared
+            .as_ref()
+            .map(|(_, nodes)| Arc::clone(nodes) as Arc<dyn nodes::NodeSpace>)
     }
 
     /// Tops the index reserve up to the nodes' bytes plus headroom from free pages, or gives
@@ -263,7 +341,7 @@ impl Memory {
     }
 
     pub(crate) fn desc(&self, pfn: u32) -> &FolioDesc {
-        &self.table[pfn as usize]
+        &self.table.descs()[pfn as usize]
     }
 
     pub(crate) fn page_ptr(&self, pfn: u32) -> *mut u8 {
@@ -317,6 +395,40 @@ impl Memory {
         Ok(NewFolio {
             folio: FolioRef { mem: self, pfn },
         })
+    }
+
+    /// A staging folio for a shared cache's client thread (the bytes of its writes and
+    /// copied reads): allocated, marked as staging in its descriptor (so a new owner knows it
+    /// for what it is), and held by one reference until [`Self::free_staging`].
+    #[cfg(not(loom))]
+    pub(crate) fn alloc_staging(&self, order: u8) -> Result<u32, Error> {
+        let folio = self.alloc_folio(order)?;
+        let pfn = folio.folio.pfn;
+        self.desc(pfn)
+            .mapping
+            .store(shared::STAGING, Ordering::Release);
+        // The reference lives on in the slot that names the folio.
+        std::mem::forget(folio);
+        Ok(pfn)
+    }
+
+    /// Frees a staging folio (`alloc_staging`, or one a new owner adopted).
+    #[cfg(not(loom))]
+    pub(crate) fn free_staging(&self, pfn: u32) {
+        let desc = self.desc(pfn);
+        if desc.mapping.load(Ordering::Acquire) != shared::STAGING {
+            debug_assert!(false, "free of {pfn}, not a staging folio");
+            return;
+        }
+        desc.mapping.store(0, Ordering::Release);
+        self.put(pfn);
+    }
+
+    /// A new owner keeps a staging folio the previous one left (a request in its slot may
+    /// still need its bytes): one reference again, the previous owner's gone.
+    #[cfg(not(loom))]
+    pub(crate) fn adopt_staging(&self, pfn: u32) {
+        self.desc(pfn).refcount.init();
     }
 
     /// Takes a speculative reference on folio `pfn` unless it is free or frozen. The caller

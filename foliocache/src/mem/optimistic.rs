@@ -26,8 +26,11 @@
 //! published folio without a grace period. The loom models in `tests/loom_optimistic.rs` check
 //! the whole protocol, and fail when grace periods are taken away.
 
+use super::folio::FolioDesc;
+use super::refcount::RefcountPolicy;
 use super::{Memory, PAGE_SIZE};
 use crate::sync::{Ordering, fence};
+use std::ptr::NonNull;
 
 /// An optimistic read in progress (see the module documentation).
 #[derive(Debug, Clone, Copy)]
@@ -35,51 +38,112 @@ pub(crate) struct Peek {
     pfn: u32,
     seq: u32,
     len: usize,
+    /// The folio's flags when the read began.
+    flags: u32,
 }
 
-impl Memory {
+impl Peek {
+    /// The folio's flags when the read began (a client skips folios carrying the READAHEAD
+    /// mark: the owner must see those reads).
+    pub(crate) fn flags(&self) -> u32 {
+        self.flags
+    }
+}
+
+/// Proof that the caller pinned before the lookup that found the folio it copies: a private
+/// cache's [`ReadGuard`](super::ReadGuard), or a shared cache client's pin of its slot
+/// (`mem::epoch::ExternalGuard`).
+pub(crate) trait Pinned {}
+
+impl Pinned for super::ReadGuard<'_> {}
+#[cfg(not(loom))]
+impl Pinned for super::epoch::ExternalGuard<'_> {}
+
+/// What an optimistic read needs of a cache's memory: the folio table and the arena. A private
+/// cache's [`Memory`] gives one; a shared cache's client builds one over its mapping.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FolioView<'a> {
+    table: &'a [FolioDesc],
+    base: NonNull<u8>,
+    pages: usize,
+    policy: RefcountPolicy,
+}
+
+impl<'a> FolioView<'a> {
+    /// A view of `pages` arena pages from `base` described by `table`.
+    ///
+    /// # Safety
+    /// `base` must be the start of `pages` pages of memory that stays mapped (readable) for
+    /// `'a`, and `table` must have `pages` descriptors.
+    pub(crate) unsafe fn new(
+        table: &'a [FolioDesc],
+        base: NonNull<u8>,
+        pages: usize,
+        policy: RefcountPolicy,
+    ) -> Self {
+        debug_assert_eq!(table.len(), pages);
+        Self {
+            table,
+            base,
+            pages,
+            policy,
+        }
+    }
+
     /// Starts an optimistic read of folio `pfn`: `None` if it is free, frozen or not uptodate
-    /// (the caller then takes the referenced path).
+    /// (or not a folio of this arena at all: a stale or corrupted id).
     pub(crate) fn peek_begin(&self, pfn: u32) -> Option<Peek> {
-        let desc = self.desc(pfn);
+        let desc = self.table.get(pfn as usize)?;
         let seq = desc.seq.load(Ordering::Acquire);
-        if desc.refcount.is_frozen(self.policy)
-            || desc.flags.load(Ordering::Acquire) & super::flag::UPTODATE == 0
-        {
+        let flags = desc.flags.load(Ordering::Acquire);
+        if desc.refcount.is_frozen(self.policy) || flags & super::flag::UPTODATE == 0 {
             return None;
         }
         // The order may belong to another life; it only bounds the copy, and the arena bound
         // below keeps even a stale one inside memory we own.
-        let len = PAGE_SIZE << desc.order.load(Ordering::Relaxed);
-        Some(Peek { pfn, seq, len })
+        let order = desc.order.load(Ordering::Relaxed).min(super::MAX_ORDER);
+        Some(Peek {
+            pfn,
+            seq,
+            len: PAGE_SIZE << order,
+            flags,
+        })
     }
 
     /// Copies `dst.len()` bytes at byte `offset` of the folio into `dst`. Returns false
-    /// (copying nothing) if the range is not inside the folio.
+    /// (copying nothing) if the range is not inside the folio and the arena.
     ///
-    /// `_guard` must have been taken before the lookup that found the folio (see the module
+    /// `_pinned` must have been taken before the lookup that found the folio (see the module
     /// documentation: it is what keeps the folio's memory from being reused under the copy).
     pub(crate) fn peek_copy(
         &self,
-        _guard: &super::ReadGuard<'_>,
+        _pinned: &impl Pinned,
         peek: &Peek,
         offset: usize,
         dst: &mut [u8],
     ) -> bool {
-        let arena_end = self.pages() * PAGE_SIZE;
+        let arena_end = self.pages * PAGE_SIZE;
         let start = peek.pfn as usize * PAGE_SIZE + offset;
         match offset.checked_add(dst.len()) {
             Some(end) if end <= peek.len && start + dst.len() <= arena_end => {}
             _ => return false,
         }
-        // SAFETY: the range lies inside the arena (checked above), which stays mapped while
-        // `self` lives. No thread writes it during the copy: the folio was found in an index
-        // after `_guard` was taken, so its memory is not handed out again before the guard is
-        // dropped, and it was uptodate at `peek_begin` (acquire), so it is not being filled;
-        // uptodate folios are never written (module documentation).
-        let src =
-            unsafe { std::slice::from_raw_parts(self.page_ptr(peek.pfn).add(offset), dst.len()) };
-        dst.copy_from_slice(src);
+        // SAFETY: the range lies inside the arena (checked above), which stays mapped for 'a.
+        // In a private cache no thread writes it during the copy: the folio was found in an
+        // index after the pin was taken, so its memory is not handed out again before the pin
+        // is dropped, and it was uptodate at `peek_begin` (acquire), so it is not being filled;
+        // uptodate folios are never written (module documentation). In a shared cache the
+        // memory is also written by other processes, which the protocol keeps off it in the
+        // same way; a process that breaks it can only make this copy read wrong bytes, which
+        // `peek_valid` and the caller's index re-check then reject, never read outside the
+        // mapping.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base.as_ptr().add(start),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
         true
     }
 
@@ -87,9 +151,62 @@ impl Memory {
     /// began and the folio is not frozen for removal.
     pub(crate) fn peek_valid(&self, peek: &Peek) -> bool {
         fence(Ordering::Acquire);
-        let desc = self.desc(peek.pfn);
+        let Some(desc) = self.table.get(peek.pfn as usize) else {
+            return false;
+        };
         desc.seq.load(Ordering::Relaxed) == peek.seq
             && !desc.refcount.is_frozen(self.policy)
             && desc.flags.load(Ordering::Relaxed) & super::flag::UPTODATE != 0
+    }
+
+    /// Records an access for reclaim, as a private cache's hit does (`reclaim::mark_accessed`):
+    /// the first access sets REFERENCED, the next PROMOTE.
+    pub(crate) fn mark_accessed(&self, peek: &Peek) {
+        use super::flag;
+        let Some(desc) = self.table.get(peek.pfn as usize) else {
+            return;
+        };
+        let now = desc.flags.load(Ordering::Relaxed);
+        if now & flag::REFERENCED == 0 {
+            desc.flags.fetch_or(flag::REFERENCED, Ordering::Relaxed);
+        } else if now & (flag::ACTIVE | flag::PROMOTE) == 0 {
+            desc.flags.fetch_or(flag::PROMOTE, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Memory {
+    /// The optimistic view of this cache's memory.
+    pub(crate) fn view(&self) -> FolioView<'_> {
+        // SAFETY: the arena and the table live as long as `self`, and have `pages()` pages.
+        unsafe {
+            FolioView::new(
+                self.table.descs(),
+                self.arena.base(),
+                self.pages(),
+                self.policy,
+            )
+        }
+    }
+
+    /// Starts an optimistic read of folio `pfn` (see [`FolioView::peek_begin`]).
+    pub(crate) fn peek_begin(&self, pfn: u32) -> Option<Peek> {
+        self.view().peek_begin(pfn)
+    }
+
+    /// See [`FolioView::peek_copy`].
+    pub(crate) fn peek_copy(
+        &self,
+        guard: &super::ReadGuard<'_>,
+        peek: &Peek,
+        offset: usize,
+        dst: &mut [u8],
+    ) -> bool {
+        self.view().peek_copy(guard, peek, offset, dst)
+    }
+
+    /// See [`FolioView::peek_valid`].
+    pub(crate) fn peek_valid(&self, peek: &Peek) -> bool {
+        self.view().peek_valid(peek)
     }
 }

@@ -73,6 +73,7 @@ pub const FROZEN_LIMIT: u32 = 0xC000_0000;
 /// A folio reference count. The policy is passed to every call rather than stored, because it
 /// is a property of the whole cache and the descriptor must stay small.
 #[derive(Debug)]
+#[repr(transparent)]
 pub struct RefCount(AtomicU32);
 
 impl RefCount {
@@ -85,6 +86,12 @@ impl RefCount {
     /// runaway garbage, to exercise the overflow guard).
     pub fn with_raw(value: u32) -> Self {
         Self(AtomicU32::new(value))
+    }
+
+    /// Puts the count in the free state of `policy` (a new shared mapping's table).
+    #[cfg(not(loom))]
+    pub(crate) fn reset_free(&self, policy: RefcountPolicy) {
+        self.0.store(free_value(policy), Ordering::Relaxed);
     }
 
     /// Gives a freshly allocated folio its first reference. Only the allocator calls this, on a

@@ -1,0 +1,175 @@
+//! Room for index nodes outside the heap: the arena of a shared cache.
+//!
+//! A private cache's index nodes are boxed on the heap and a slot names a child by its address.
+//! A shared cache's nodes must be in the mapping every process sees, at whatever address each
+//! process mapped it, so there a slot names a child by its byte offset from the start of a
+//! [`NodeSpace`] (the shared cache's arena), and every offset read from a slot is checked
+//! against the space before it is used (`index::Index::node_at`). `docs/SHARED.md`,
+//! "Addressing: offsets, not a fixed address".
+
+/// Bytes of room one index node takes (the index checks that its node fits).
+pub(crate) const NODE_ROOM: usize = 576;
+
+/// Where a shared index's nodes live (see the module documentation).
+pub(crate) trait NodeSpace: Send + Sync + std::fmt::Debug {
+    /// The address of the space's first byte in this process.
+    fn base(&self) -> usize;
+
+    /// The space's length in bytes: every node offset is below `len() - NODE_ROOM`.
+    fn len(&self) -> usize;
+
+    /// Room for one node ([`NODE_ROOM`] bytes, 64-byte aligned): its offset, or `None` when
+    /// memory is short or the space is only looked at (a client's view).
+    fn alloc(&self) -> Option<usize>;
+
+    /// Gives back the room at `offset` (a node no reader can reach any more).
+    fn free(&self, offset: usize);
+}
+
+/// The nodes of a shared cache seen by a client: it walks them and allocates none.
+#[derive(Debug)]
+pub(crate) struct ViewOnly {
+    pub(crate) base: usize,
+    pub(crate) len: usize,
+}
+
+impl NodeSpace for ViewOnly {
+    fn base(&self) -> usize {
+        self.base
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn alloc(&self) -> Option<usize> {
+        None
+    }
+
+    fn free(&self, _offset: usize) {}
+}
+
+/// The descriptor `mapping` of a page holding index nodes (a shared cache): never a file's id
+/// (`crate::shared` gives files ids below 2^48), so a speculative lookup that lands on a node
+/// page's descriptor never mistakes it for a folio, and a new owner knows node pages for what
+/// they are.
+#[cfg(not(loom))]
+pub(crate) const NODE_PAGE: u64 = u64::MAX - 1;
+
+/// Nodes per arena page.
+#[cfg(not(loom))]
+pub(crate) const PER_PAGE: usize = super::PAGE_SIZE / NODE_ROOM;
+
+#[cfg(not(loom))]
+const ALL_FREE: u8 = (1u8 << PER_PAGE) - 1;
+
+/// The index nodes of a shared cache: room carved from arena pages taken from the allocator,
+/// seven nodes to a page. Only the owner allocates and frees; a page goes back to the
+/// allocator when its last node is freed (after the node's grace period, so no reader of any
+/// process can still be in it).
+#[cfg(not(loom))]
+#[derive(Debug)]
+pub(crate) struct ArenaNodes {
+    map: std::sync::Arc<super::shared::SharedMap>,
+    base: usize,
+    len: usize,
+    buddy: std::sync::Arc<super::buddy::Buddy>,
+    /// The node pages and which of their nodes are free. Ranked as the private mode's node
+    /// reserve: it is taken under an index's writer lock and takes the allocator's locks.
+    pages: crate::sync::Mutex<NodePages>,
+}
+
+/// Node pages: for each, a bit per free node; and the pages that may have a free node.
+#[cfg(not(loom))]
+#[derive(Debug, Default)]
+struct NodePages {
+    free: std::collections::HashMap<u32, u8>,
+    /// Pages with a free node, and maybe stale entries (pages since filled or given back):
+    /// checked when taken.
+    partial: Vec<u32>,
+}
+
+#[cfg(not(loom))]
+impl ArenaNodes {
+    pub(crate) fn new(
+        map: std::sync::Arc<super::shared::SharedMap>,
+        buddy: std::sync::Arc<super::buddy::Buddy>,
+    ) -> Self {
+        let (base, pages) = map.arena();
+        Self {
+            map,
+            base: base.as_ptr() as usize,
+            len: pages * super::PAGE_SIZE,
+            buddy,
+            pages: crate::sync::Mutex::ranked(
+                crate::sync::order::Rank::IndexReserve,
+                NodePages::default(),
+            ),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl NodeSpace for ArenaNodes {
+    fn base(&self) -> usize {
+        self.base
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn alloc(&self) -> Option<usize> {
+        let mut pages = self.pages.lock();
+        let pages = &mut *pages;
+        while let Some(&pfn) = pages.partial.last() {
+            match pages.free.get_mut(&pfn) {
+                Some(free) if *free != 0 => {
+                    let slot = free.trailing_zeros() as usize;
+                    *free &= !(1 << slot);
+                    if *free == 0 {
+                        pages.partial.pop();
+                    }
+                    return Some(pfn as usize * super::PAGE_SIZE + slot * NODE_ROOM);
+                }
+                _ => {
+                    pages.partial.pop();
+                }
+            }
+        }
+        let pfn = self.buddy.alloc(0)?;
+        self.map.table()[pfn as usize]
+            .mapping
+            .store(NODE_PAGE, std::sync::atomic::Ordering::Release);
+        pages.free.insert(pfn, ALL_FREE & !1);
+        pages.partial.push(pfn);
+        Some(pfn as usize * super::PAGE_SIZE)
+    }
+
+    fn free(&self, offset: usize) {
+        let pfn = (offset / super::PAGE_SIZE) as u32;
+        let within = offset % super::PAGE_SIZE;
+        let slot = within / NODE_ROOM;
+        let mut pages = self.pages.lock();
+        let pages = &mut *pages;
+        let Some(free) = pages.free.get_mut(&pfn) else {
+            debug_assert!(false, "free of node {offset:#x} on a page holding no nodes");
+            return;
+        };
+        if !within.is_multiple_of(NODE_ROOM) || slot >= PER_PAGE || *free & (1 << slot) != 0 {
+            debug_assert!(false, "bad or double free of node {offset:#x}");
+            return;
+        }
+        if *free == 0 {
+            pages.partial.push(pfn);
+        }
+        *free |= 1 << slot;
+        if *free == ALL_FREE {
+            pages.free.remove(&pfn);
+            self.map.table()[pfn as usize]
+                .mapping
+                .store(0, std::sync::atomic::Ordering::Release);
+            self.buddy.free(pfn, 0);
+        }
+    }
+}
