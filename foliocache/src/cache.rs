@@ -7,11 +7,16 @@ use crate::file::File;
 use crate::inode::Inode;
 use crate::io::{Backend, DirectFile, EngineKind, OpenOptions};
 use crate::mapping::Mapping;
+#[cfg(not(loom))]
+use crate::mem::records::Records;
 use crate::mem::{MAX_ORDER, METADATA_BYTES_PER_PAGE, Memory, PAGE_SHIFT, PAGE_SIZE};
 use crate::opened::{FileTable, Opened};
 use crate::policy::Policy;
 use crate::readahead::{DEFAULT_RA_PAGES, MAX_READAHEAD_BYTES};
 use crate::reclaim::{Reclaim, ReclaimStats};
+/// Under loom there are no shared caches.
+#[cfg(loom)]
+type Records = ();
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,7 +37,16 @@ pub struct CacheBuilder {
     io_bytes: u64,
     request_bytes: usize,
     dirty: DirtySettings,
+    /// A shared cache's name (`None`: a private cache).
+    shared: Option<String>,
+    /// Where the owner program is (shared caches).
+    owner_program: Option<std::path::PathBuf>,
+    /// How long a shared cache's owner waits for a client after the last one left.
+    idle_timeout: std::time::Duration,
 }
+
+/// The default time a shared cache stays once its last process has left: 10 minutes.
+pub(crate) const DEFAULT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Default for CacheBuilder {
     fn default() -> Self {
@@ -49,6 +63,9 @@ impl Default for CacheBuilder {
             io_bytes: DEFAULT_IO_BYTES,
             request_bytes: crate::io::DEFAULT_REQUEST_BYTES,
             dirty: DirtySettings::default(),
+            shared: None,
+            owner_program: None,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
 }
@@ -197,9 +214,89 @@ impl CacheBuilder {
         self
     }
 
+    /// Makes the cache a shared one named `name` (1 to 64 letters, digits, `.`, `_`, `-`):
+    /// every process of this user that builds a cache with this name gets the same cache, as
+    /// every process gets the kernel's page cache (`docs/SHARED.md`). The first one's settings
+    /// make it; later ones attach to it as it is ([`Cache::policy`] and [`Cache::stats`] say
+    /// what it is). Its owner process is started if none runs (see
+    /// [`owner_program`](Self::owner_program)). Without this, the cache is private to the
+    /// process (the default).
+    pub fn shared(mut self, name: impl Into<String>) -> Self {
+        self.shared = Some(name.into());
+        self
+    }
+
+    /// The owner program a shared cache starts when none runs (default: `FOLIOCACHE_OWNER`,
+    /// else `foliocache-owner` next to this program or on `PATH`).
+    pub fn owner_program(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.owner_program = Some(path.into());
+        self
+    }
+
+    /// How long a shared cache's owner keeps it (and its memory) once the last process has
+    /// left, waiting for the next (default 10 minutes; `FOLIOCACHE_IDLE_SECS` in the owner's
+    /// environment wins). Dirty data is written back as soon as the last process leaves.
+    pub fn idle_timeout(mut self, after: std::time::Duration) -> Self {
+        self.idle_timeout = after;
+        self
+    }
+
     /// Builds the cache. Errors: a capacity that is zero, not a page multiple or above 16 TiB;
     /// a max order above 9; the arena mapping failing.
     pub fn build(self) -> Result<Cache, Error> {
+        let checked = self.check()?;
+        #[cfg(not(loom))]
+        if let Some(name) = &self.shared {
+            let settings = self.shared_settings(&checked)?;
+            let attachment = crate::shared::client::Attachment::attach(
+                name,
+                settings,
+                self.owner_program.clone(),
+                crate::readahead::MAX_READAHEAD_BYTES >> PAGE_SHIFT,
+            )?;
+            return Ok(Cache {
+                repr: Repr::Client(attachment),
+            });
+        }
+        let mem = Memory::new(
+            checked.pages,
+            self.max_order,
+            self.huge_pages,
+            self.policy.refcount,
+            checked.charge_index,
+            self.populate_ahead && !self.prefault,
+        )?;
+        if self.prefault {
+            mem.prefault().map_err(Error::Prefault)?;
+        }
+        Ok(self.assemble(mem, checked, None))
+    }
+
+    /// The cache around `mem`, with the settings `checked` holds.
+    fn assemble(&self, mem: Memory, checked: Checked, records: Option<Arc<Records>>) -> Cache {
+        let pages = mem.pages() as u64;
+        Cache {
+            repr: Repr::Local(Local {
+                files: Arc::default(),
+                records,
+                inner: Arc::new(CacheCore {
+                    mem: Arc::new(mem),
+                    policy: self.policy,
+                    capacity: checked.capacity,
+                    reclaim: Reclaim::new(self.policy.reclaim, pages),
+                    dirty: Dirty::new(checked.dirty, pages),
+                    engine_kind: self.io_engine,
+                    engine: OnceLock::new(),
+                    ra_pages: self.ra_bytes >> PAGE_SHIFT,
+                    io_pages: (self.io_bytes >> PAGE_SHIFT).max(1),
+                    request_bytes: (self.request_bytes & !(PAGE_SIZE - 1)).max(PAGE_SIZE),
+                }),
+            }),
+        }
+    }
+
+    /// Checks every setting; the arena's size and the dirty settings as the cache takes them.
+    fn check(&self) -> Result<Checked, Error> {
         let page = PAGE_SIZE as u64;
         let per_page = page + METADATA_BYTES_PER_PAGE as u64;
         let (pages, capacity, charge_index) = match self.arena_pages {
@@ -265,33 +362,178 @@ impl CacheBuilder {
                 max: MAX_ORDER,
             });
         }
-        let mem = Memory::new(
+        Ok(Checked {
             pages,
+            capacity,
+            charge_index,
+            dirty,
+        })
+    }
+}
+
+#[cfg(not(loom))]
+impl CacheBuilder {
+    /// The settings words a shared cache is created with (`shared::settings`).
+    fn shared_settings(
+        &self,
+        checked: &Checked,
+    ) -> Result<[u64; crate::mem::shared::SETTINGS_WORDS], Error> {
+        use crate::policy::{InsertPolicy, ReadPolicy, ReclaimPolicy, SmallReadPolicy};
+        use crate::policy::{RefcountPolicy, WritebackErrorPolicy};
+        use crate::shared::settings as w;
+        if self.arena_pages.is_some() {
+            return Err(Error::Unsupported {
+                what: "arena_pages (size a shared cache with capacity)",
+                mode: "shared",
+            });
+        }
+        let p = &self.policy;
+        let mut words = [0u64; crate::mem::shared::SETTINGS_WORDS];
+        words[w::CAPACITY] = checked.capacity;
+        words[w::MAX_ORDER] = u64::from(self.max_order);
+        words[w::HUGE_PAGES] = u64::from(self.huge_pages);
+        words[w::REFCOUNT] = match p.refcount {
+            RefcountPolicy::FrozenBit => 0,
+            RefcountPolicy::Cas => 1,
+        };
+        words[w::READ] = match p.read {
+            ReadPolicy::Batched => 0,
+            ReadPolicy::PerFolio => 1,
+        };
+        words[w::SMALL_READ] = match p.small_read {
+            SmallReadPolicy::Optimistic => 0,
+            SmallReadPolicy::Refcounted => 1,
+        };
+        words[w::INSERT] = match p.insert {
+            InsertPolicy::Batched => 0,
+            InsertPolicy::Single => 1,
+        };
+        words[w::EXEC_ORDER] = u64::from(p.exec_order);
+        words[w::RECLAIM] = match p.reclaim {
+            ReclaimPolicy::Workingset => 0,
+            ReclaimPolicy::TwoLists => 1,
+            ReclaimPolicy::Clock => 2,
+        };
+        words[w::WRITEBACK_ERROR] = match p.writeback_error {
+            WritebackErrorPolicy::KeepDirty => 0,
+            WritebackErrorPolicy::Discard => 1,
+        };
+        words[w::ENGINE] = match self.io_engine {
+            EngineKind::Auto => 0,
+            EngineKind::IoUring => 1,
+            EngineKind::Threads => 2,
+        };
+        words[w::RA_BYTES] = self.ra_bytes;
+        words[w::IO_BYTES] = self.io_bytes;
+        words[w::REQUEST_BYTES] = self.request_bytes as u64;
+        words[w::DIRTY_BACKGROUND] = checked.dirty.background_ratio.to_bits();
+        words[w::DIRTY_RATIO] = checked.dirty.ratio.to_bits();
+        words[w::DIRTY_EXPIRE_MS] = checked.dirty.expire.as_millis() as u64;
+        words[w::WRITEBACK_INTERVAL_MS] = checked.dirty.interval.as_millis() as u64;
+        words[w::WRITE_BEHIND] = checked.dirty.write_behind;
+        words[w::IDLE_SECS] = self.idle_timeout.as_secs().max(1);
+        Ok(words)
+    }
+
+    /// The builder a shared cache's settings words describe (its owner builds the cache from
+    /// them; a word out of range is an error).
+    pub(crate) fn from_shared_settings(
+        words: &[u64; crate::mem::shared::SETTINGS_WORDS],
+    ) -> Result<Self, Error> {
+        use crate::shared::settings as w;
+        let bad =
+            |what: &str| Error::SharedMapping(format!("settings word {what} is out of range"));
+        let pick = |i: usize, n: u64, what: &str| {
+            if words[i] < n {
+                Ok(words[i])
+            } else {
+                Err(bad(what))
+            }
+        };
+        let policy = w::policy(words)?;
+        let ms = std::time::Duration::from_millis;
+        Ok(Self {
+            capacity: words[w::CAPACITY],
+            max_order: pick(w::MAX_ORDER, u64::from(MAX_ORDER) + 1, "max_order")? as u8,
+            huge_pages: words[w::HUGE_PAGES] != 0,
+            policy,
+            io_engine: [EngineKind::Auto, EngineKind::IoUring, EngineKind::Threads]
+                [pick(w::ENGINE, 3, "engine")? as usize],
+            ra_bytes: words[w::RA_BYTES],
+            io_bytes: words[w::IO_BYTES],
+            request_bytes: usize::try_from(words[w::REQUEST_BYTES]).map_err(|_| bad("request"))?,
+            dirty: DirtySettings {
+                background_ratio: f64::from_bits(words[w::DIRTY_BACKGROUND]),
+                ratio: f64::from_bits(words[w::DIRTY_RATIO]),
+                expire: ms(words[w::DIRTY_EXPIRE_MS]),
+                interval: ms(words[w::WRITEBACK_INTERVAL_MS]),
+                write_behind: words[w::WRITE_BEHIND],
+            },
+            idle_timeout: std::time::Duration::from_secs(words[w::IDLE_SECS]),
+            populate_ahead: false,
+            ..Self::default()
+        })
+    }
+
+    /// The shape of the mapping a shared cache of these settings needs: its arena, and room
+    /// for processes, threads and files. The mapping (header, slots, records, folio table,
+    /// arena) stays within the capacity.
+    pub(crate) fn shared_shape(&self) -> Result<crate::mem::shared::Shape, Error> {
+        let checked = self.check()?;
+        let per_page = (PAGE_SIZE + std::mem::size_of::<crate::mem::folio::FolioDesc>()) as u64;
+        let mut shape = crate::mem::shared::Shape {
+            pages: 0,
+            processes: 256,
+            threads: 1024,
+            files: 0,
+        };
+        let guess = checked.capacity / per_page;
+        shape.files = ((guess / 64) as usize).clamp(128, 16384);
+        let fixed = shape.bytes()?;
+        // The arena's 2 MiB alignment and the table's rounding: a little slack.
+        let room = checked
+            .capacity
+            .checked_sub(fixed + (4 << 20))
+            .ok_or(Error::InvalidCapacity(checked.capacity))?;
+        shape.pages = (room / per_page) as usize;
+        if shape.pages < 64 {
+            return Err(Error::InvalidCapacity(checked.capacity));
+        }
+        Ok(shape)
+    }
+
+    /// The cache a shared cache's owner runs over `map`: its memory is the mapping's (every
+    /// page free, or, taking a cache over, those `free` names), its files get records.
+    pub(crate) fn build_owner(
+        &self,
+        map: Arc<crate::mem::shared::SharedMap>,
+        free: Option<&dyn Fn(u32) -> bool>,
+    ) -> Result<Cache, Error> {
+        let checked = self.check()?;
+        let mem = Memory::new_shared(
+            Arc::clone(&map),
             self.max_order,
             self.huge_pages,
             self.policy.refcount,
-            charge_index,
-            self.populate_ahead && !self.prefault,
+            free,
         )?;
-        if self.prefault {
-            mem.prefault().map_err(Error::Prefault)?;
-        }
-        Ok(Cache {
-            files: Arc::default(),
-            inner: Arc::new(CacheCore {
-                mem: Arc::new(mem),
-                policy: self.policy,
-                capacity,
-                reclaim: Reclaim::new(self.policy.reclaim, pages as u64),
-                dirty: Dirty::new(dirty, pages as u64),
-                engine_kind: self.io_engine,
-                engine: OnceLock::new(),
-                ra_pages: self.ra_bytes >> PAGE_SHIFT,
-                io_pages: (self.io_bytes >> PAGE_SHIFT).max(1),
-                request_bytes: (self.request_bytes & !(PAGE_SIZE - 1)).max(PAGE_SIZE),
-            }),
-        })
+        let records = Arc::new(Records::new(map));
+        Ok(self.assemble(mem, checked, Some(records)))
     }
+
+    /// The policies the builder holds.
+    pub(crate) fn policy_value(&self) -> Policy {
+        self.policy
+    }
+}
+
+/// Settings as `CacheBuilder::check` accepted them.
+#[derive(Debug, Clone, Copy)]
+struct Checked {
+    pages: usize,
+    capacity: u64,
+    charge_index: bool,
+    dirty: DirtySettings,
 }
 
 /// The largest single read request (`io_request_bytes`): 64 MiB.
@@ -355,11 +597,30 @@ impl Stats {
 }
 
 /// A page cache in user space: a bounded arena of folios and the mappings that index them.
+/// Private to its process, or shared by every process that names it
+/// ([`CacheBuilder::shared`]).
 #[derive(Debug, Clone)]
 pub struct Cache {
+    repr: Repr,
+}
+
+#[derive(Debug, Clone)]
+enum Repr {
+    /// A private cache, or the cache a shared cache's owner runs.
+    Local(Local),
+    /// A process attached to a shared cache.
+    #[cfg(not(loom))]
+    Client(Arc<crate::shared::client::Attachment>),
+}
+
+/// The cache this process runs itself.
+#[derive(Debug, Clone)]
+pub(crate) struct Local {
     inner: Arc<CacheCore>,
     /// The files opened from storage, by identity (shared among their openers).
     files: Arc<FileTable>,
+    /// A shared cache's file records (its owner's cache); `None` for a private cache.
+    records: Option<Arc<Records>>,
 }
 
 static NEXT_MAPPING_ID: AtomicU64 = AtomicU64::new(1);
@@ -369,10 +630,17 @@ impl Cache {
     pub fn builder() -> CacheBuilder {
         CacheBuilder::default()
     }
+}
 
-    /// The policies this cache runs with.
-    pub fn policy(&self) -> Policy {
-        self.inner.policy
+impl Local {
+    /// A shared cache's file records (its owner's cache).
+    pub(crate) fn records(&self) -> Option<&Arc<Records>> {
+        self.records.as_ref()
+    }
+
+    /// The cache's memory.
+    pub(crate) fn memory(&self) -> &Arc<Memory> {
+        &self.inner.mem
     }
 
     /// Creates a new, empty mapping (one file's index).
@@ -385,10 +653,38 @@ impl Cache {
         )
     }
 
+    /// The mapping of the file `key` (device, inode) found at `path`: in a shared cache's
+    /// owner, the one of the file's record (given one if it has none), with the file's
+    /// writeback errors in the record too; else a new mapping.
+    fn mapping_for(
+        &self,
+        key: (u64, u64),
+        path: &Path,
+        max_order: u8,
+    ) -> Result<(Mapping, crate::wbstate::WbState), Error> {
+        #[cfg(not(loom))]
+        if let Some(records) = &self.records {
+            let assigned = records.assign(key.0, key.1, max_order, path)?;
+            let map = records.map();
+            let mapping = Mapping::in_record(
+                Arc::clone(&self.inner.mem),
+                Arc::clone(self.inner.reclaim.shadow_count()),
+                Arc::clone(&self.inner.dirty.pages),
+                map,
+                assigned.record,
+            )?;
+            let word = map.word(&map.files()[assigned.record].errseq);
+            let wb = crate::wbstate::WbState::with_errors(crate::wbstate::ErrSeq::in_word(word));
+            return Ok((mapping, wb));
+        }
+        let _ = (key, path, max_order);
+        Ok((self.new_mapping(), crate::wbstate::WbState::default()))
+    }
+
     /// Creates an empty memory file (data lives only in the cache, like tmpfs) whose folios
     /// are at most `max_order` (0: 4 KiB pages only, like tmpfs `huge=never`; 9: up to 2 MiB,
     /// like `huge=always`).
-    pub fn create_memory_file(&self, max_order: u8) -> Result<File, Error> {
+    pub(crate) fn create_memory_file(&self, max_order: u8) -> Result<File, Error> {
         let max = self.inner.mem.max_order;
         if max_order > max {
             return Err(Error::OrderTooLarge {
@@ -400,13 +696,6 @@ impl Cache {
         Ok(File::from_opened(Opened::apart(inode)))
     }
 
-    /// Opens a file from storage for reading through this cache, with O_DIRECT (see
-    /// [`open_with`](Self::open_with) for the options). The file is read only, and its size is
-    /// taken at open: changes made to it by others later are not seen.
-    pub fn open(&self, path: impl AsRef<Path>) -> Result<File, Error> {
-        self.open_with(path, OpenOptions::new())
-    }
-
     /// Opens a file from storage with options (a buffered fallback for file systems without
     /// direct I/O, a folio order limit, a file of its own).
     ///
@@ -415,7 +704,11 @@ impl Cache {
     /// layout options (`max_order`, `insert_policy`) were fixed when it was first opened;
     /// asking for others is [`Error::OpenConflict`] (open it apart with
     /// [`OpenOptions::shared`]`(false)` to compare layouts on one file).
-    pub fn open_with(&self, path: impl AsRef<Path>, options: OpenOptions) -> Result<File, Error> {
+    pub(crate) fn open_with(
+        &self,
+        path: impl AsRef<Path>,
+        options: OpenOptions,
+    ) -> Result<File, Error> {
         let path = path.as_ref();
         let max_order = self.checked_order(options.max_order)?;
         let mut policy = self.inner.policy;
@@ -434,16 +727,21 @@ impl Cache {
                 })?;
         }
         let engine = self.inner.engine()?;
-        let open = |shared| -> Result<Arc<Inode>, Error> {
+        let open = |shared, key: Option<(u64, u64)>| -> Result<Arc<Inode>, Error> {
             let direct = Arc::new(DirectFile::open(path, options, Arc::clone(&engine))?);
+            let (mapping, wb) = match key {
+                Some(key) => self.mapping_for(key, path, max_order)?,
+                None => (self.new_mapping(), crate::wbstate::WbState::default()),
+            };
             Inode::new_disk(
                 &self.inner,
-                self.new_mapping(),
+                mapping,
                 max_order,
                 policy,
                 Arc::clone(&direct) as Arc<dyn Backend>,
                 Some(direct),
                 shared,
+                wb,
             )
         };
         if !options.shared {
@@ -453,7 +751,7 @@ impl Cache {
                     reason: "a file opened apart (shared(false)) is read only".to_owned(),
                 });
             }
-            let inode = open(false)?;
+            let inode = open(false, None)?;
             return Ok(File::from_opened(Opened::apart(inode)));
         }
         let meta = std::fs::metadata(path).map_err(|source| Error::Open {
@@ -461,7 +759,7 @@ impl Cache {
             source,
         })?;
         let key = (meta.dev(), meta.ino());
-        let (opened, created) = self.files.get_or_open(key, || open(true))?;
+        let (opened, created) = self.files.get_or_open(key, || open(true, Some(key)))?;
         let inode = &opened.inode;
         if !created {
             if inode.max_order != max_order || inode.policy.insert != policy.insert {
@@ -508,7 +806,7 @@ impl Cache {
     /// The file is this cache's one shared file for its device and inode: a file the cache
     /// already has open is [`Error::OpenConflict`]. `buffered_fallback`, `create`, `truncate`
     /// and `revalidate` do not apply. A tmpfs file is [`Error::NoDirectIo`].
-    pub fn open_descriptor(
+    pub(crate) fn open_descriptor(
         &self,
         fd: std::os::fd::OwnedFd,
         options: OpenOptions,
@@ -533,14 +831,16 @@ impl Cache {
         let key = direct.identity();
         let path = direct.path().to_owned();
         let opened = self.files.get_or_open(key, || {
+            let (mapping, wb) = self.mapping_for(key, &path, max_order)?;
             Inode::new_disk(
                 &self.inner,
-                self.new_mapping(),
+                mapping,
                 max_order,
                 policy,
                 Arc::clone(&direct) as Arc<dyn Backend>,
                 Some(Arc::clone(&direct)),
                 true,
+                wb,
             )
         });
         let error = match opened {
@@ -562,7 +862,7 @@ impl Cache {
     /// Opens a file whose bytes come from `backend` (a custom source: a test double, a remote
     /// store). `max_order` limits its folios (default: the cache's). A backend larger than
     /// [`MAX_FILE_SIZE`](crate::MAX_FILE_SIZE) is refused.
-    pub fn open_backend(
+    pub(crate) fn open_backend(
         &self,
         backend: Arc<dyn Backend>,
         max_order: Option<u8>,
@@ -581,6 +881,7 @@ impl Cache {
             backend,
             None,
             false,
+            crate::wbstate::WbState::default(),
         )?;
         Ok(File::from_opened(Opened::apart(inode)))
     }
@@ -596,27 +897,23 @@ impl Cache {
 
     /// The I/O engine reading files from storage ("io_uring" or "threads (preadv)"), once a
     /// file was opened; `None` before.
-    pub fn io_engine(&self) -> Option<&'static str> {
+    pub(crate) fn io_engine(&self) -> Option<&'static str> {
         self.inner.engine.get().map(|engine| engine.name())
     }
 
     /// Eviction counters.
-    pub fn reclaim_stats(&self) -> ReclaimStats {
+    pub(crate) fn reclaim_stats(&self) -> ReclaimStats {
         self.inner.reclaim.stats(&self.inner.mem)
     }
 
     /// Evicts idle folios read from storage (oldest first) until `pages` pages were freed or
     /// none is left to evict; returns the pages freed.
-    pub fn evict(&self, pages: u64) -> u64 {
+    pub(crate) fn evict(&self, pages: u64) -> u64 {
         self.inner.reclaim.evict(&self.inner.mem, pages)
     }
 
-    pub(crate) fn core(&self) -> &Arc<CacheCore> {
-        &self.inner
-    }
-
     /// Memory statistics.
-    pub fn stats(&self) -> Stats {
+    pub(crate) fn stats(&self) -> Stats {
         let mem = &self.inner.mem;
         Stats {
             capacity_bytes: self.inner.capacity,
@@ -637,5 +934,284 @@ impl Cache {
                 * PAGE_SIZE) as u64,
             dirty: self.inner.dirty.stats(),
         }
+    }
+}
+
+/// Statistics as the words of a control message (a shared cache's owner to its clients):
+/// [`Stats`], then [`ReclaimStats`], in field order.
+#[cfg(not(loom))]
+pub(crate) fn stats_words(stats: &Stats, reclaim: &ReclaimStats) -> Vec<u64> {
+    let d = &stats.dirty;
+    let r = reclaim;
+    vec![
+        stats.capacity_bytes,
+        stats.total_pages,
+        stats.free_pages,
+        stats.pending_free_pages,
+        stats.folio_table_bytes,
+        stats.list_and_allocator_bytes,
+        stats.index_node_bytes,
+        stats.index_reserve_pages,
+        u64::from(stats.max_order),
+        stats.zone_lock_acquisitions,
+        stats.populated_ahead_bytes,
+        d.dirty_pages,
+        d.writeback_pages,
+        d.background_pages,
+        d.limit_pages,
+        d.written_pages,
+        r.evicted_folios,
+        r.evicted_pages,
+        r.scanned,
+        r.busy,
+        r.passes,
+        r.activations,
+        r.deactivations,
+        r.refaults,
+        r.workingset_activations,
+        r.workingset_restores,
+        r.shadows_dropped,
+        r.shadow_entries,
+        r.inactive_pages,
+        r.active_pages,
+        r.nonresident_age,
+    ]
+}
+
+/// The statistics `stats_words` wrote (missing words read as 0).
+#[cfg(not(loom))]
+fn stats_from_words(words: &[u64]) -> (Stats, ReclaimStats) {
+    let w = |i: usize| words.get(i).copied().unwrap_or(0);
+    let stats = Stats {
+        capacity_bytes: w(0),
+        total_pages: w(1),
+        free_pages: w(2),
+        pending_free_pages: w(3),
+        folio_table_bytes: w(4),
+        list_and_allocator_bytes: w(5),
+        index_node_bytes: w(6),
+        index_reserve_pages: w(7),
+        max_order: w(8).min(u64::from(MAX_ORDER)) as u8,
+        zone_lock_acquisitions: w(9),
+        populated_ahead_bytes: w(10),
+        dirty: DirtyStats {
+            dirty_pages: w(11),
+            writeback_pages: w(12),
+            background_pages: w(13),
+            limit_pages: w(14),
+            written_pages: w(15),
+        },
+    };
+    let reclaim = ReclaimStats {
+        evicted_folios: w(16),
+        evicted_pages: w(17),
+        scanned: w(18),
+        busy: w(19),
+        passes: w(20),
+        activations: w(21),
+        deactivations: w(22),
+        refaults: w(23),
+        workingset_activations: w(24),
+        workingset_restores: w(25),
+        shadows_dropped: w(26),
+        shadow_entries: w(27),
+        inactive_pages: w(28),
+        active_pages: w(29),
+        nonresident_age: w(30),
+    };
+    (stats, reclaim)
+}
+
+/// What a client of a shared cache cannot do.
+#[cfg(not(loom))]
+fn unsupported(what: &'static str) -> Error {
+    Error::Unsupported {
+        what,
+        mode: "shared",
+    }
+}
+
+impl Cache {
+    /// The cache this process runs (a private cache, or a shared cache's owner's).
+    pub(crate) fn local(&self) -> Option<&Local> {
+        match &self.repr {
+            Repr::Local(local) => Some(local),
+            #[cfg(not(loom))]
+            Repr::Client(_) => None,
+        }
+    }
+
+    /// For the internals (`raw`, faults): the cache this process runs. A shared cache's
+    /// client has none; asking is a programming error.
+    pub(crate) fn local_only(&self, what: &str) -> &Local {
+        self.local().unwrap_or_else(|| {
+            panic!("{what} needs a cache this process runs (a private cache), not a shared one")
+        })
+    }
+
+    /// Whether this is a shared cache ([`CacheBuilder::shared`]) seen from a process attached
+    /// to it.
+    pub fn is_shared(&self) -> bool {
+        !matches!(self.repr, Repr::Local(_))
+    }
+
+    /// The policies this cache runs with.
+    pub fn policy(&self) -> Policy {
+        match &self.repr {
+            Repr::Local(local) => local.inner.policy,
+            #[cfg(not(loom))]
+            Repr::Client(attachment) => {
+                crate::shared::settings::policy(&attachment.map.fixed().settings)
+                    .unwrap_or_default()
+            }
+        }
+    }
+
+    /// Creates an empty memory file (data lives only in the cache, like tmpfs) whose folios
+    /// are at most `max_order` (0: 4 KiB pages only, like tmpfs `huge=never`; 9: up to 2 MiB,
+    /// like `huge=always`). Not offered by a shared cache ([`Error::Unsupported`]).
+    pub fn create_memory_file(&self, max_order: u8) -> Result<File, Error> {
+        match &self.repr {
+            Repr::Local(local) => local.create_memory_file(max_order),
+            #[cfg(not(loom))]
+            Repr::Client(_) => Err(unsupported("a memory file")),
+        }
+    }
+
+    /// Opens a file from storage for reading through this cache, with O_DIRECT (see
+    /// [`open_with`](Self::open_with) for the options).
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<File, Error> {
+        self.open_with(path, OpenOptions::new())
+    }
+
+    /// Opens a file from storage with options (a buffered fallback for file systems without
+    /// direct I/O, a folio order limit, a file of its own).
+    ///
+    /// A file the cache already has open (the same device and inode) is shared: the same
+    /// [`File`] comes back, revalidated unless asked not to ([`OpenOptions::revalidate`]). Its
+    /// layout options (`max_order`, `insert_policy`) were fixed when it was first opened;
+    /// asking for others is [`Error::OpenConflict`] (open it apart with
+    /// [`OpenOptions::shared`]`(false)` to compare layouts on one file).
+    ///
+    /// In a shared cache the process opens the file itself (so the kernel checks its
+    /// permission), then the owner serves it; every process of the cache shares its pages.
+    pub fn open_with(&self, path: impl AsRef<Path>, options: OpenOptions) -> Result<File, Error> {
+        match &self.repr {
+            Repr::Local(local) => local.open_with(path.as_ref(), options),
+            #[cfg(not(loom))]
+            Repr::Client(attachment) => {
+                let path = path.as_ref();
+                if options.max_order.is_some_and(|o| o > MAX_ORDER) {
+                    return Err(Error::OrderTooLarge {
+                        order: options.max_order.unwrap_or(0),
+                        max: MAX_ORDER,
+                    });
+                }
+                let client =
+                    attachment.open(path, options.write, options.create, options.max_order)?;
+                let file = File::from_client(client);
+                if options.truncate {
+                    file.set_len(0)?;
+                }
+                Ok(file)
+            }
+        }
+    }
+
+    /// Opens a file from a descriptor the caller opened and lends to the cache (see
+    /// [`Local::open_descriptor`]; not offered by a shared cache).
+    pub fn open_descriptor(
+        &self,
+        fd: std::os::fd::OwnedFd,
+        options: OpenOptions,
+    ) -> Result<File, DescriptorRefused> {
+        match &self.repr {
+            Repr::Local(local) => local.open_descriptor(fd, options),
+            #[cfg(not(loom))]
+            Repr::Client(_) => Err(DescriptorRefused {
+                error: unsupported("a lent descriptor"),
+                fd,
+            }),
+        }
+    }
+
+    /// Opens a file whose bytes come from `backend` (a custom source: a test double, a remote
+    /// store). `max_order` limits its folios (default: the cache's). A backend larger than
+    /// [`MAX_FILE_SIZE`](crate::MAX_FILE_SIZE) is refused. Not offered by a shared cache.
+    pub fn open_backend(
+        &self,
+        backend: Arc<dyn Backend>,
+        max_order: Option<u8>,
+    ) -> Result<File, Error> {
+        match &self.repr {
+            Repr::Local(local) => local.open_backend(backend, max_order),
+            #[cfg(not(loom))]
+            Repr::Client(_) => Err(unsupported("a custom backend")),
+        }
+    }
+
+    /// The I/O engine reading files from storage ("io_uring" or "threads (preadv)"), once a
+    /// file was opened; `None` before. A shared cache's client says "owner": its owner does
+    /// the I/O.
+    pub fn io_engine(&self) -> Option<&'static str> {
+        match &self.repr {
+            Repr::Local(local) => local.io_engine(),
+            #[cfg(not(loom))]
+            Repr::Client(_) => Some("owner"),
+        }
+    }
+
+    /// Eviction counters.
+    pub fn reclaim_stats(&self) -> ReclaimStats {
+        match &self.repr {
+            Repr::Local(local) => local.reclaim_stats(),
+            #[cfg(not(loom))]
+            Repr::Client(attachment) => self.client_stats(attachment).1,
+        }
+    }
+
+    /// Evicts idle folios read from storage (oldest first) until `pages` pages were freed or
+    /// none is left to evict; returns the pages freed.
+    pub fn evict(&self, pages: u64) -> u64 {
+        match &self.repr {
+            Repr::Local(local) => local.evict(pages),
+            #[cfg(not(loom))]
+            Repr::Client(attachment) => attachment
+                .control(
+                    &crate::shared::wire::Msg::new(crate::shared::wire::kind::EVICT, &[pages]),
+                    None,
+                )
+                .ok()
+                .and_then(|(answer, _)| answer.words.first().copied())
+                .unwrap_or(0),
+        }
+    }
+
+    pub(crate) fn core(&self) -> &Arc<CacheCore> {
+        &self.local_only("foliocache::raw").inner
+    }
+
+    /// Memory statistics (of the whole shared cache, for a client: its owner answers).
+    pub fn stats(&self) -> Stats {
+        match &self.repr {
+            Repr::Local(local) => local.stats(),
+            #[cfg(not(loom))]
+            Repr::Client(attachment) => self.client_stats(attachment).0,
+        }
+    }
+
+    #[cfg(not(loom))]
+    fn client_stats(
+        &self,
+        attachment: &Arc<crate::shared::client::Attachment>,
+    ) -> (Stats, ReclaimStats) {
+        let words = attachment
+            .control(
+                &crate::shared::wire::Msg::new(crate::shared::wire::kind::STATS, &[]),
+                None,
+            )
+            .map(|(answer, _)| answer.words)
+            .unwrap_or_default();
+        stats_from_words(&words)
     }
 }

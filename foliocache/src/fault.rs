@@ -87,7 +87,15 @@ impl File {
             first: offset >> PAGE_SHIFT,
             end: end.div_ceil(1 << PAGE_SHIFT),
             hint,
-            ra: RaState::new(self.inner.core.ra_pages),
+            ra: RaState::new(
+                self.local()
+                    .ok_or(Error::Unsupported {
+                        what: "a mapped region",
+                        mode: "shared",
+                    })?
+                    .core
+                    .ra_pages,
+            ),
             mmap_miss: 0,
         })
     }
@@ -134,7 +142,7 @@ impl Region {
             ra,
             mmap_miss,
         } = self;
-        let file = &file.inner;
+        let file = file.inode();
         let size = file.mapping.size();
         if index < *first || index >= *end || index >= size.div_ceil(1 << PAGE_SHIFT) {
             return Err(Error::FaultOutOfRange { index });

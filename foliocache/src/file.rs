@@ -23,9 +23,32 @@ use std::sync::Arc;
 /// written back.
 #[derive(Debug, Clone)]
 pub struct File {
-    pub(crate) inner: Arc<Inode>,
-    /// Shared by every clone: the last one to go writes the file back (see `Opened`).
-    _opened: Arc<Opened>,
+    repr: Repr,
+}
+
+#[derive(Debug, Clone)]
+enum Repr {
+    /// A file of a cache this process runs.
+    Local {
+        inner: Arc<Inode>,
+        /// Shared by every clone: the last one to go writes the file back (see `Opened`).
+        _opened: Arc<Opened>,
+    },
+    /// A file of a shared cache this process is attached to.
+    #[cfg(not(loom))]
+    Client(Arc<ClientFile>),
+}
+
+#[cfg(not(loom))]
+use crate::shared::client::ClientFile;
+
+/// What a shared cache's client cannot do.
+#[cfg(not(loom))]
+fn unsupported(what: &'static str) -> Error {
+    Error::Unsupported {
+        what,
+        mode: "shared",
+    }
 }
 
 /// The state of the folios of a [`CachedRange`].
@@ -121,95 +144,128 @@ struct Stream {
 impl File {
     pub(crate) fn from_opened(opened: Arc<Opened>) -> Self {
         Self {
-            inner: Arc::clone(&opened.inode),
-            _opened: opened,
+            repr: Repr::Local {
+                inner: Arc::clone(&opened.inode),
+                _opened: opened,
+            },
         }
+    }
+
+    #[cfg(not(loom))]
+    pub(crate) fn from_client(client: Arc<ClientFile>) -> Self {
+        Self {
+            repr: Repr::Client(client),
+        }
+    }
+
+    /// The file's inode, if this process runs its cache.
+    pub(crate) fn local(&self) -> Option<&Arc<Inode>> {
+        match &self.repr {
+            Repr::Local { inner, .. } => Some(inner),
+            #[cfg(not(loom))]
+            Repr::Client(_) => None,
+        }
+    }
+
+    /// The file's inode, for the internals (`raw`, tests of a private cache). A shared cache's
+    /// client has none; asking is a programming error.
+    pub(crate) fn inode(&self) -> &Arc<Inode> {
+        self.local().unwrap_or_else(|| {
+            panic!("this needs a file of a cache this process runs, not of a shared cache")
+        })
     }
 
     /// A new reader of this file.
     pub fn handle(&self) -> Handle {
-        Handle {
-            file: self.clone(),
-            ra: RaState::new(self.inner.core.ra_pages),
-            policy: self.inner.policy,
-            wb_since: self.inner.disk().map_or(0, |disk| disk.wb.errors.sample()),
-            stream: Stream::default(),
+        match &self.repr {
+            Repr::Local { inner, .. } => Handle {
+                file: self.clone(),
+                ra: RaState::new(inner.core.ra_pages),
+                policy: inner.policy,
+                wb_since: inner.disk().map_or(0, |disk| disk.wb.errors.sample()),
+                stream: Stream::default(),
+            },
+            #[cfg(not(loom))]
+            Repr::Client(client) => {
+                let settings = client.attachment().map.fixed().settings;
+                let policy = crate::shared::settings::policy(&settings).unwrap_or_default();
+                let ra_bytes = settings[crate::shared::settings::RA_BYTES];
+                Handle {
+                    file: self.clone(),
+                    ra: RaState::new(ra_bytes >> PAGE_SHIFT),
+                    policy,
+                    wb_since: client.errseq_now(),
+                    stream: Stream::default(),
+                }
+            }
         }
     }
 
     /// Whether the file's bytes come from storage (a backend) rather than only memory.
     pub fn is_disk_file(&self) -> bool {
-        self.inner.disk().is_some()
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.disk().is_some(),
+            #[cfg(not(loom))]
+            Repr::Client(_) => true,
+        }
     }
 
     /// The backend's description (engine and mode), for a file read from storage.
     pub fn backend_description(&self) -> Option<String> {
-        self.inner.disk().map(|disk| disk.backend.describe())
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.disk().map(|disk| disk.backend.describe()),
+            #[cfg(not(loom))]
+            Repr::Client(client) => Some(format!(
+                "shared cache {} (its owner reads and writes the file)",
+                client.attachment().name()
+            )),
+        }
     }
 
-    /// Readahead counters of this file (all zero for a memory file).
+    /// Readahead counters of this file (all zero for a memory file; a shared cache's client
+    /// gets the file's counters from the owner).
     pub fn readahead_stats(&self) -> RaStats {
-        self.inner
-            .disk()
-            .map_or_else(RaStats::default, |disk| disk.ra.snapshot())
+        match &self.repr {
+            Repr::Local { inner, .. } => inner
+                .disk()
+                .map_or_else(RaStats::default, |disk| disk.ra.snapshot()),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.readahead_stats(),
+        }
     }
 
     /// I/O counters of this file (all zero for a memory file).
     pub fn io_stats(&self) -> IoStats {
-        self.inner
-            .disk()
-            .map_or_else(IoStats::default, |disk| disk.io.snapshot())
+        match &self.repr {
+            Repr::Local { inner, .. } => inner
+                .disk()
+                .map_or_else(IoStats::default, |disk| disk.io.snapshot()),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.io_stats(),
+        }
     }
 
     /// Waits until no read of this file is in flight (every cached folio unlocked): what
     /// readahead started has then settled, uptodate or failed.
     pub fn wait_for_io(&self) {
-        self.inner
-            .mapping
-            .for_each_cached(0, u64::MAX, |folio| folio.wait_unlocked());
+        match &self.repr {
+            Repr::Local { inner, .. } => inner
+                .mapping
+                .for_each_cached(0, u64::MAX, |folio| folio.wait_unlocked()),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.wait_for_io(),
+        }
     }
 
     /// The cached page ranges of the file, in order: runs of folios that are adjacent in the
     /// file and share their state (uptodate, failed, or a read in flight), with the pages that
     /// carry a READAHEAD mark. What `fincore` or `vmtouch` show for the kernel's cache.
     pub fn cached_ranges(&self) -> Vec<CachedRange> {
-        let mut out: Vec<CachedRange> = Vec::new();
-        self.inner.mapping.for_each_cached(0, u64::MAX, |folio| {
-            let state = if folio.is_writeback() {
-                PageState::Writeback
-            } else if folio.is_dirty() {
-                PageState::Dirty
-            } else if folio.is_uptodate() {
-                PageState::Uptodate
-            } else if folio.test(crate::mem::flag::LOCKED) {
-                PageState::Reading
-            } else {
-                PageState::Failed
-            };
-            let first = folio.index();
-            let pages = folio.nr_pages() as u64;
-            match out.last_mut() {
-                Some(last) if last.first + last.pages == first && last.state == state => {
-                    last.pages += pages;
-                    last.folios += 1;
-                    last.largest_order = last.largest_order.max(folio.order());
-                }
-                _ => out.push(CachedRange {
-                    first,
-                    pages,
-                    folios: 1,
-                    largest_order: folio.order(),
-                    state,
-                    marks: Vec::new(),
-                }),
-            }
-            if folio.test(crate::mem::flag::READAHEAD)
-                && let Some(last) = out.last_mut()
-            {
-                last.marks.push(first);
-            }
-        });
-        out
+        match &self.repr {
+            Repr::Local { inner, .. } => cached_ranges(&inner.mapping),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.cached_ranges(),
+        }
     }
 
     /// Drops the idle folios of `offset..offset + len` (0: to end of file) from the cache, as
@@ -218,52 +274,11 @@ impl File {
     /// dirty or under writeback (reported as busy; writeback of dirty data is started, so a
     /// later call can drop it). A memory file's folios are its data and stay.
     pub fn drop_cached(&self, offset: u64, len: u64) -> DropReport {
-        let mut report = DropReport::default();
-        if self.inner.disk().is_none() {
-            return report;
+        match &self.repr {
+            Repr::Local { inner, .. } => drop_cached(inner, offset, len),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.drop_cached(offset, len),
         }
-        let mapping = &self.inner.mapping;
-        let first = offset.div_ceil(PAGE_SIZE as u64);
-        let end = if len == 0 {
-            u64::MAX
-        } else {
-            match offset.checked_add(len) {
-                Some(end) => end >> PAGE_SHIFT,
-                None => u64::MAX,
-            }
-        };
-        if end <= first {
-            return report;
-        }
-        // Like the kernel's invalidation, the range's shadow entries go too: dropping a range
-        // on purpose is not a sign of memory pressure, and a later read of it is no refault.
-        mapping.drop_shadows_in(first, end - 1);
-        mapping.for_each_cached(first, end - 1, |folio| {
-            let whole = folio.index() >= first && folio.index() + folio.nr_pages() as u64 <= end;
-            if !whole {
-                return;
-            }
-            let pages = folio.nr_pages() as u64;
-            if folio.test(crate::mem::flag::LOCKED) {
-                report.busy_pages += pages;
-                return;
-            }
-            match mapping.remove_folio(folio, None) {
-                Ok(()) => report.dropped_pages += pages,
-                Err(RemoveError::Busy(_) | RemoveError::Dirty(_)) => report.busy_pages += pages,
-                Err(_) => {} // left the file meanwhile
-            }
-        });
-        if self.inner.mapping.dirty_pages() > 0 {
-            // As the kernel's `POSIX_FADV_DONTNEED`: start writing the dirty data, so that a
-            // later drop finds it clean.
-            let me: Arc<dyn crate::dirty::Flushable> = Arc::clone(&self.inner) as _;
-            self.inner
-                .core
-                .dirty
-                .flush_soon(Arc::downgrade(&me), 0, u64::MAX);
-        }
-        report
     }
 
     /// Looks at the file on storage again and, if another program changed it since this cache
@@ -278,27 +293,43 @@ impl File {
     /// and the modification and change times; a rewrite that keeps the size within one tick of
     /// the file system's clock is missed. A memory file never changes behind the cache.
     pub fn revalidate(&self) -> Result<Revalidated, Error> {
-        self.inner.revalidate()
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.revalidate(),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.revalidate(),
+        }
     }
 
     /// The file size in bytes.
     pub fn size(&self) -> u64 {
-        self.inner.mapping.size()
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.mapping.size(),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.size(),
+        }
     }
 
     /// The largest folio order this file uses.
     pub fn max_order(&self) -> u8 {
-        self.inner.max_order
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.max_order,
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.max_order(),
+        }
     }
 
     /// The file's mapping counters: lookups, index walks, lock acquisitions, insertions,
-    /// removals, cached pages and index bytes.
+    /// removals, cached pages and index bytes (a shared cache's client: the owner's mapping).
     pub fn mapping_stats(&self) -> MappingStats {
-        self.inner.mapping.stats()
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.mapping.stats(),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.mapping_stats(),
+        }
     }
 
     pub(crate) fn mapping(&self) -> &Mapping {
-        &self.inner.mapping
+        &self.inode().mapping
     }
 
     /// Reads at `pos` with a fresh handle (see [`Handle::read_at`]).
@@ -317,12 +348,21 @@ impl File {
     /// is high (see [`CacheBuilder::dirty_ratio`](crate::CacheBuilder::dirty_ratio)). An error
     /// after part of the data went in ([`Error::Io`] reading a partly written page) gives the
     /// first byte not written as its offset.
+    ///
+    /// In a shared cache the write is in the cache when this returns: every process reads it,
+    /// and it is written back even if this process dies.
     pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize, Error> {
-        self.inner.writable()?;
-        if self.inner.disk().is_some() {
-            return self.inner.disk_write_at(data, pos);
+        match &self.repr {
+            Repr::Local { inner, .. } => {
+                inner.writable()?;
+                if inner.disk().is_some() {
+                    return inner.disk_write_at(data, pos);
+                }
+                inner.mem_write_at(data, pos)
+            }
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.write_at(data, pos),
         }
-        self.inner.mem_write_at(data, pos)
     }
 
     /// Sets the file size. Shrinking drops the folios that lie wholly past the new end (dirty
@@ -330,11 +370,17 @@ impl File {
     /// (nothing allocated, reads as zeros). For a file from storage the size on storage is
     /// set at once (`ftruncate`).
     pub fn set_len(&self, len: u64) -> Result<(), Error> {
-        self.inner.writable()?;
-        if self.inner.disk().is_some() {
-            return self.inner.disk_set_len(len);
+        match &self.repr {
+            Repr::Local { inner, .. } => {
+                inner.writable()?;
+                if inner.disk().is_some() {
+                    return inner.disk_set_len(len);
+                }
+                inner.mem_set_len(len)
+            }
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.change(crate::shared::mailbox::op::SET_LEN, len, 0),
         }
-        self.inner.mem_set_len(len)
     }
 
     /// Allocates `offset..offset + len` and extends the file to `offset + len` if it is
@@ -342,11 +388,19 @@ impl File {
     /// (not uptodate: they read as zeros), all or nothing; a file from storage gets the blocks
     /// allocated on storage (file systems without `fallocate` give an [`Error::Io`]).
     pub fn fallocate(&self, offset: u64, len: u64) -> Result<(), Error> {
-        self.inner.writable()?;
-        if self.inner.disk().is_some() {
-            return self.inner.disk_fallocate(offset, len);
+        match &self.repr {
+            Repr::Local { inner, .. } => {
+                inner.writable()?;
+                if inner.disk().is_some() {
+                    return inner.disk_fallocate(offset, len);
+                }
+                inner.mem_fallocate(offset, len)
+            }
+            #[cfg(not(loom))]
+            Repr::Client(client) => {
+                client.change(crate::shared::mailbox::op::FALLOCATE, offset, len)
+            }
         }
-        self.inner.mem_fallocate(offset, len)
     }
 
     /// Makes `offset..offset + len` read as zeros and frees the folios wholly inside it; folios
@@ -354,11 +408,19 @@ impl File {
     /// A file from storage has the blocks deallocated on storage too (`FALLOC_FL_PUNCH_HOLE`;
     /// file systems without it give an [`Error::Io`]).
     pub fn punch_hole(&self, offset: u64, len: u64) -> Result<(), Error> {
-        self.inner.writable()?;
-        if self.inner.disk().is_some() {
-            return self.inner.disk_punch_hole(offset, len);
+        match &self.repr {
+            Repr::Local { inner, .. } => {
+                inner.writable()?;
+                if inner.disk().is_some() {
+                    return inner.disk_punch_hole(offset, len);
+                }
+                inner.mem_punch_hole(offset, len)
+            }
+            #[cfg(not(loom))]
+            Repr::Client(client) => {
+                client.change(crate::shared::mailbox::op::PUNCH_HOLE, offset, len)
+            }
         }
-        self.inner.mem_punch_hole(offset, len)
     }
 
     /// Writes back the file's dirty data and waits for it, then has the file system make it
@@ -370,7 +432,11 @@ impl File {
 
     /// Whether the file can be changed through this cache.
     pub fn is_writable(&self) -> bool {
-        self.inner.writable().is_ok()
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.writable().is_ok(),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.is_writable(),
+        }
     }
 
     /// Hands back the descriptor lent at [`Cache::open_descriptor`](crate::Cache::open_descriptor)
@@ -383,9 +449,13 @@ impl File {
     ///
     /// Refused with [`Error::StillDirty`] while the file holds data not yet written back (sync
     /// first); [`Error::Detached`] if no descriptor is lent (a file opened by path, or one
-    /// detached already).
+    /// detached already). Not offered by a shared cache.
     pub fn detach_descriptor(&self) -> Result<std::os::fd::OwnedFd, Error> {
-        self.inner.detach_descriptor()
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.detach_descriptor(),
+            #[cfg(not(loom))]
+            Repr::Client(_) => Err(unsupported("a lent descriptor")),
+        }
     }
 
     /// Lends the file a descriptor again after [`detach_descriptor`](Self::detach_descriptor)
@@ -399,7 +469,14 @@ impl File {
         fd: std::os::fd::OwnedFd,
         write: bool,
     ) -> Result<crate::inode::Revalidated, crate::error::DescriptorRefused> {
-        self.inner.attach_descriptor(fd, write)
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.attach_descriptor(fd, write),
+            #[cfg(not(loom))]
+            Repr::Client(_) => Err(crate::error::DescriptorRefused {
+                error: unsupported("a lent descriptor"),
+                fd,
+            }),
+        }
     }
 
     /// The caller wrote `offset..offset + len` of the file on storage itself, around the cache
@@ -409,14 +486,22 @@ impl File {
     /// cover the write. Dirty folios stay: the caller must not write around data the cache
     /// holds dirty. The kernel's `invalidate_inode_pages2_range` after a direct write.
     pub fn written_outside(&self, offset: u64, len: u64) {
-        self.inner.written_outside(offset, len);
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.written_outside(offset, len),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.written_outside(offset, len),
+        }
     }
 
     /// The caller changed the file on storage in ways it cannot name (a truncation, an
     /// `fallocate` mode the cache does not do): every clean page is dropped and the size taken
     /// from storage, as a [`revalidate`](Self::revalidate) that found a change.
     pub fn changed_outside(&self) -> Result<crate::inode::Revalidated, Error> {
-        self.inner.changed_outside()
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.changed_outside(),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.changed_outside(),
+        }
     }
 
     /// Drops the data the file holds dirty, as the kernel does after a failed writeback, and
@@ -424,8 +509,351 @@ impl File {
     /// reports it). For a caller that must stop holding newer bytes than storage now, whatever
     /// happens to them: returns the pages dropped.
     pub fn discard_dirty(&self, errno: i32) -> u64 {
-        self.inner.discard_dirty(errno)
+        match &self.repr {
+            Repr::Local { inner, .. } => inner.discard_dirty(errno),
+            #[cfg(not(loom))]
+            Repr::Client(client) => client.discard_dirty(errno),
+        }
     }
+}
+
+/// The answers of a shared cache's owner to a client's file operations, and their encoding
+/// (the owner encodes with these, the client decodes).
+#[cfg(not(loom))]
+pub(crate) mod answer {
+    use super::{CachedRange, DropReport, PageState};
+    use crate::inode::Revalidated;
+    use crate::io::IoStats;
+    use crate::mapping::MappingStats;
+    use crate::stats::RaStats;
+
+    fn w(words: &[u64], i: usize) -> u64 {
+        words.get(i).copied().unwrap_or(0)
+    }
+
+    pub(crate) fn ra_stats(s: &RaStats) -> Vec<u64> {
+        vec![
+            s.sync_fresh,
+            s.sync_context,
+            s.sync_random,
+            s.forced,
+            s.async_pipelined,
+            s.async_recovered,
+            s.async_skipped,
+            s.windows,
+            s.pages,
+            s.folios,
+            s.marks,
+            s.windows_at_eof,
+            s.present_skips,
+            s.order_fallbacks,
+            s.batch_alloc_fallbacks,
+            s.out_of_memory,
+            s.read_folio,
+            s.read_around,
+            s.exec_windows,
+            s.mmap_gave_up,
+        ]
+    }
+
+    pub(crate) fn to_ra_stats(words: &[u64]) -> RaStats {
+        RaStats {
+            sync_fresh: w(words, 0),
+            sync_context: w(words, 1),
+            sync_random: w(words, 2),
+            forced: w(words, 3),
+            async_pipelined: w(words, 4),
+            async_recovered: w(words, 5),
+            async_skipped: w(words, 6),
+            windows: w(words, 7),
+            pages: w(words, 8),
+            folios: w(words, 9),
+            marks: w(words, 10),
+            windows_at_eof: w(words, 11),
+            present_skips: w(words, 12),
+            order_fallbacks: w(words, 13),
+            batch_alloc_fallbacks: w(words, 14),
+            out_of_memory: w(words, 15),
+            read_folio: w(words, 16),
+            read_around: w(words, 17),
+            exec_windows: w(words, 18),
+            mmap_gave_up: w(words, 19),
+        }
+    }
+
+    pub(crate) fn io_stats(s: &IoStats) -> Vec<u64> {
+        vec![s.requests, s.bytes, s.errors, s.short_at_eof, s.by_caller]
+    }
+
+    pub(crate) fn to_io_stats(words: &[u64]) -> IoStats {
+        IoStats {
+            requests: w(words, 0),
+            bytes: w(words, 1),
+            errors: w(words, 2),
+            short_at_eof: w(words, 3),
+            by_caller: w(words, 4),
+        }
+    }
+
+    pub(crate) fn mapping_stats(s: &MappingStats) -> Vec<u64> {
+        vec![
+            s.lookups,
+            s.index_walks,
+            s.lock_acquisitions,
+            s.insertions,
+            s.removals,
+            s.cached_pages,
+            s.index_nodes,
+            s.index_bytes,
+            s.optimistic_retries,
+            s.dirty_pages,
+            s.writeback_pages,
+        ]
+    }
+
+    pub(crate) fn to_mapping_stats(words: &[u64]) -> MappingStats {
+        MappingStats {
+            lookups: w(words, 0),
+            index_walks: w(words, 1),
+            lock_acquisitions: w(words, 2),
+            insertions: w(words, 3),
+            removals: w(words, 4),
+            cached_pages: w(words, 5),
+            index_nodes: w(words, 6),
+            index_bytes: w(words, 7),
+            optimistic_retries: w(words, 8),
+            dirty_pages: w(words, 9),
+            writeback_pages: w(words, 10),
+        }
+    }
+
+    pub(crate) fn revalidated(r: &Revalidated) -> Vec<u64> {
+        vec![u64::from(r.changed), r.size, r.dropped_pages]
+    }
+
+    pub(crate) fn to_revalidated(words: &[u64]) -> Revalidated {
+        Revalidated {
+            changed: w(words, 0) != 0,
+            size: w(words, 1),
+            dropped_pages: w(words, 2),
+        }
+    }
+
+    pub(crate) fn drop_report(r: &DropReport) -> Vec<u64> {
+        vec![r.dropped_pages, r.busy_pages]
+    }
+
+    pub(crate) fn to_drop_report(words: &[u64]) -> DropReport {
+        DropReport {
+            dropped_pages: w(words, 0),
+            busy_pages: w(words, 1),
+        }
+    }
+
+    fn state_code(state: PageState) -> u64 {
+        match state {
+            PageState::Uptodate => 0,
+            PageState::Dirty => 1,
+            PageState::Writeback => 2,
+            PageState::Reading => 3,
+            PageState::Failed => 4,
+        }
+    }
+
+    /// Ranges: `[count]`, then per range `[first, pages, folios, order, state, marks]` and the
+    /// marks.
+    pub(crate) fn ranges(ranges: &[CachedRange]) -> Vec<u64> {
+        let mut out = vec![ranges.len() as u64];
+        for r in ranges {
+            out.extend([
+                r.first,
+                r.pages,
+                r.folios,
+                u64::from(r.largest_order),
+                state_code(r.state),
+                r.marks.len() as u64,
+            ]);
+            out.extend(&r.marks);
+        }
+        out
+    }
+
+    pub(crate) fn to_ranges(words: &[u64]) -> Vec<CachedRange> {
+        let count = w(words, 0) as usize;
+        let mut out = Vec::new();
+        let mut i = 1;
+        while out.len() < count && i + 6 <= words.len() {
+            let marks = (w(words, i + 5) as usize).min(words.len().saturating_sub(i + 6));
+            out.push(CachedRange {
+                first: w(words, i),
+                pages: w(words, i + 1),
+                folios: w(words, i + 2),
+                largest_order: w(words, i + 3).min(u64::from(crate::mem::MAX_ORDER)) as u8,
+                state: match w(words, i + 4) {
+                    0 => PageState::Uptodate,
+                    1 => PageState::Dirty,
+                    2 => PageState::Writeback,
+                    3 => PageState::Reading,
+                    _ => PageState::Failed,
+                },
+                marks: words[i + 6..i + 6 + marks].to_vec(),
+            });
+            i += 6 + marks;
+        }
+        out
+    }
+}
+
+/// A shared cache client's file operations through the owner (`shared::wire::file_op`).
+#[cfg(not(loom))]
+impl ClientFile {
+    fn op_words(&self, op: u64, a: u64, b: u64) -> Vec<u64> {
+        self.file_op(op, a, b).map(|m| m.words).unwrap_or_default()
+    }
+
+    fn readahead_stats(&self) -> RaStats {
+        answer::to_ra_stats(&self.op_words(crate::shared::wire::file_op::RA_STATS, 0, 0))
+    }
+
+    fn io_stats(&self) -> IoStats {
+        answer::to_io_stats(&self.op_words(crate::shared::wire::file_op::IO_STATS, 0, 0))
+    }
+
+    fn wait_for_io(&self) {
+        let _ = self.file_op(crate::shared::wire::file_op::WAIT_IO, 0, 0);
+    }
+
+    fn cached_ranges(&self) -> Vec<CachedRange> {
+        answer::to_ranges(&self.op_words(crate::shared::wire::file_op::CACHED_RANGES, 0, 0))
+    }
+
+    fn drop_cached(&self, offset: u64, len: u64) -> DropReport {
+        answer::to_drop_report(&self.op_words(
+            crate::shared::wire::file_op::DROP_CACHED,
+            offset,
+            len,
+        ))
+    }
+
+    fn revalidate(&self) -> Result<Revalidated, Error> {
+        let answer = self.file_op(crate::shared::wire::file_op::REVALIDATE, 0, 0)?;
+        Ok(answer::to_revalidated(&answer.words))
+    }
+
+    fn mapping_stats(&self) -> MappingStats {
+        answer::to_mapping_stats(&self.op_words(crate::shared::wire::file_op::MAPPING_STATS, 0, 0))
+    }
+
+    fn written_outside(&self, offset: u64, len: u64) {
+        let _ = self.file_op(crate::shared::wire::file_op::WRITTEN_OUTSIDE, offset, len);
+    }
+
+    fn changed_outside(&self) -> Result<Revalidated, Error> {
+        let answer = self.file_op(crate::shared::wire::file_op::CHANGED_OUTSIDE, 0, 0)?;
+        Ok(answer::to_revalidated(&answer.words))
+    }
+
+    fn discard_dirty(&self, errno: i32) -> u64 {
+        self.op_words(
+            crate::shared::wire::file_op::DISCARD_DIRTY,
+            errno.unsigned_abs().into(),
+            0,
+        )
+        .first()
+        .copied()
+        .unwrap_or(0)
+    }
+}
+
+/// See [`File::cached_ranges`].
+pub(crate) fn cached_ranges(mapping: &Mapping) -> Vec<CachedRange> {
+    let mut out: Vec<CachedRange> = Vec::new();
+    mapping.for_each_cached(0, u64::MAX, |folio| {
+        let state = if folio.is_writeback() {
+            PageState::Writeback
+        } else if folio.is_dirty() {
+            PageState::Dirty
+        } else if folio.is_uptodate() {
+            PageState::Uptodate
+        } else if folio.test(crate::mem::flag::LOCKED) {
+            PageState::Reading
+        } else {
+            PageState::Failed
+        };
+        let first = folio.index();
+        let pages = folio.nr_pages() as u64;
+        match out.last_mut() {
+            Some(last) if last.first + last.pages == first && last.state == state => {
+                last.pages += pages;
+                last.folios += 1;
+                last.largest_order = last.largest_order.max(folio.order());
+            }
+            _ => out.push(CachedRange {
+                first,
+                pages,
+                folios: 1,
+                largest_order: folio.order(),
+                state,
+                marks: Vec::new(),
+            }),
+        }
+        if folio.test(crate::mem::flag::READAHEAD)
+            && let Some(last) = out.last_mut()
+        {
+            last.marks.push(first);
+        }
+    });
+    out
+}
+
+/// See [`File::drop_cached`].
+pub(crate) fn drop_cached(inner: &Arc<Inode>, offset: u64, len: u64) -> DropReport {
+    let mut report = DropReport::default();
+    if inner.disk().is_none() {
+        return report;
+    }
+    let mapping = &inner.mapping;
+    let first = offset.div_ceil(PAGE_SIZE as u64);
+    let end = if len == 0 {
+        u64::MAX
+    } else {
+        match offset.checked_add(len) {
+            Some(end) => end >> PAGE_SHIFT,
+            None => u64::MAX,
+        }
+    };
+    if end <= first {
+        return report;
+    }
+    // Like the kernel's invalidation, the range's shadow entries go too: dropping a range
+    // on purpose is not a sign of memory pressure, and a later read of it is no refault.
+    mapping.drop_shadows_in(first, end - 1);
+    mapping.for_each_cached(first, end - 1, |folio| {
+        let whole = folio.index() >= first && folio.index() + folio.nr_pages() as u64 <= end;
+        if !whole {
+            return;
+        }
+        let pages = folio.nr_pages() as u64;
+        if folio.test(crate::mem::flag::LOCKED) {
+            report.busy_pages += pages;
+            return;
+        }
+        match mapping.remove_folio(folio, None) {
+            Ok(()) => report.dropped_pages += pages,
+            Err(RemoveError::Busy(_) | RemoveError::Dirty(_)) => report.busy_pages += pages,
+            Err(_) => {} // left the file meanwhile
+        }
+    });
+    if inner.mapping.dirty_pages() > 0 {
+        // As the kernel's `POSIX_FADV_DONTNEED`: start writing the dirty data, so that a
+        // later drop finds it clean.
+        let me: Arc<dyn crate::dirty::Flushable> = Arc::clone(inner) as _;
+        inner
+            .core
+            .dirty
+            .flush_soon(Arc::downgrade(&me), 0, u64::MAX);
+    }
+    report
 }
 
 /// Which steps of [`Handle::sync_range`] run, as `sync_file_range(2)`'s flags.
@@ -433,6 +861,11 @@ impl File {
 pub struct SyncRange(u8);
 
 impl SyncRange {
+    /// The flags from their bits (a shared cache's owner decoding a client's sync).
+    pub(crate) fn from_bits(bits: u8) -> Self {
+        Self(bits & 7)
+    }
+
     /// Wait for writeback in flight in the range before starting any.
     pub const WAIT_BEFORE: Self = Self(1);
     /// Start writeback of the range's dirty data.
@@ -467,7 +900,9 @@ impl Handle {
     /// background ([`CacheBuilder::write_behind_bytes`](crate::CacheBuilder::write_behind_bytes)).
     pub fn write_at(&mut self, data: &[u8], pos: u64) -> Result<usize, Error> {
         let written = self.file.write_at(data, pos)?;
-        self.write_behind(pos, written as u64);
+        if self.file.local().is_some() {
+            self.write_behind(pos, written as u64);
+        }
         Ok(written)
     }
 
@@ -475,7 +910,9 @@ impl Handle {
     /// units the stream wrote whole, once the write-behind trigger is reached.
     fn write_behind(&mut self, pos: u64, len: u64) {
         use crate::dirty::WRITE_BEHIND_ALIGN;
-        let inode = &self.file.inner;
+        let Some(inode) = self.file.local() else {
+            return;
+        };
         let trigger = inode.core.dirty.write_behind();
         if trigger == 0 || inode.disk().is_none() || len == 0 {
             return;
@@ -516,7 +953,11 @@ impl Handle {
     }
 
     fn sync(&mut self, data_only: bool) -> Result<(), Error> {
-        let inode = &self.file.inner;
+        #[cfg(not(loom))]
+        if let Repr::Client(client) = &self.file.repr {
+            return client.sync(u64::from(data_only), 0, 0, &mut self.wb_since);
+        }
+        let inode = self.file.inode();
         let Some(disk) = inode.disk() else {
             return Ok(());
         };
@@ -541,7 +982,11 @@ impl Handle {
     /// it. It never asks the file system for durability (no `fsync`). Errors as for
     /// [`sync_all`](Self::sync_all).
     pub fn sync_range(&mut self, offset: u64, len: u64, flags: SyncRange) -> Result<(), Error> {
-        let inode = &self.file.inner;
+        #[cfg(not(loom))]
+        if let Repr::Client(client) = &self.file.repr {
+            return client.sync(2 + u64::from(flags.0), offset, len, &mut self.wb_since);
+        }
+        let inode = self.file.inode();
         let Some(disk) = inode.disk() else {
             return Ok(());
         };
@@ -582,7 +1027,7 @@ impl Handle {
 
     /// The writeback error recorded since this handle last looked, once.
     fn check_writeback_errors(&mut self) -> Result<(), Error> {
-        let Some(disk) = self.file.inner.disk() else {
+        let Some(disk) = self.file.inode().disk() else {
             return Ok(());
         };
         match disk.wb.errors.check_and_advance(&mut self.wb_since) {
@@ -602,10 +1047,15 @@ impl Handle {
     /// [`Error::Io`], whose `offset` is the first byte not read (the bytes of `buf` before
     /// `offset - pos` were filled), and a later read of that range tries the device again.
     pub fn read_at(&mut self, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
-        if self.file.inner.disk().is_some() {
-            return read::read_disk(&self.file.inner, &mut self.ra, buf, pos);
+        let inner = match &self.file.repr {
+            Repr::Local { inner, .. } => inner,
+            #[cfg(not(loom))]
+            Repr::Client(client) => return client.read_at(&mut self.ra, buf, pos),
+        };
+        if inner.disk().is_some() {
+            return read::read_disk(inner, &mut self.ra, buf, pos);
         }
-        let n = read::read_at(&self.file.inner, &self.policy, buf, pos)?;
+        let n = read::read_at(inner, &self.policy, buf, pos)?;
         if n > 0 {
             self.ra.prev_pos = (pos + n as u64) as i64;
         }
@@ -615,6 +1065,22 @@ impl Handle {
     /// This handle's readahead state (a copy).
     pub fn ra_state(&self) -> RaState {
         self.ra
+    }
+
+    /// Takes over a readahead state (a shared cache's owner running a client's read with the
+    /// client's handle's state).
+    pub(crate) fn set_ra_state(&mut self, ra: RaState) {
+        self.ra = ra;
+    }
+
+    /// Where this handle is in the file's writeback errors (see `sync_all`).
+    pub(crate) fn errseq_cursor(&self) -> u32 {
+        self.wb_since
+    }
+
+    /// Moves this handle's errseq cursor (a shared cache's owner running a client's sync).
+    pub(crate) fn set_errseq_cursor(&mut self, since: u32) {
+        self.wb_since = since;
     }
 
     /// Sets this handle's maximum readahead window in bytes (rounded down to pages, clamped to
@@ -650,7 +1116,11 @@ impl Handle {
     /// no heuristics, no marks, at most the larger of the window and the device's largest
     /// request, in 2 MiB chunks. A memory file has nothing to read: [`Error::NotADiskFile`].
     pub fn readahead(&mut self, offset: u64, len: u64) -> Result<(), Error> {
-        let inner = &self.file.inner;
+        #[cfg(not(loom))]
+        if let Repr::Client(client) = &self.file.repr {
+            return client.readahead(&mut self.ra, offset, len);
+        }
+        let inner = self.file.inode();
         let Some(disk) = inner.disk() else {
             return Err(Error::NotADiskFile);
         };
@@ -673,10 +1143,15 @@ impl Handle {
     /// run is dropped.
     pub fn read_folios(&mut self, pos: u64, len: usize) -> Result<ReadRun<'_>, Error> {
         let len = len.min(read::MAX_READ_RUN);
-        if self.file.inner.disk().is_some() {
-            return read::read_folios_disk(&self.file.inner, &mut self.ra, pos, len);
+        let inner = match &self.file.repr {
+            Repr::Local { inner, .. } => inner,
+            #[cfg(not(loom))]
+            Repr::Client(_) => return Err(unsupported("a zero-copy read")),
+        };
+        if inner.disk().is_some() {
+            return read::read_folios_disk(inner, &mut self.ra, pos, len);
         }
-        read::read_folios(&self.file.inner, pos, len)
+        read::read_folios(inner, pos, len)
     }
 
     /// Chooses how this handle's reads walk the index (the cache's policy by default): one

@@ -62,12 +62,16 @@ mod mapping;
 mod mem;
 mod memfile;
 mod opened;
+#[cfg(not(loom))]
+mod owner;
 mod policy;
 #[cfg(feature = "internals")]
 pub mod raw;
 mod read;
 mod readahead;
 mod reclaim;
+#[cfg(not(loom))]
+mod shared;
 mod stats;
 mod sync;
 mod wbstate;
@@ -92,3 +96,11 @@ pub use read::{MAX_READ_RUN, ReadRun, SMALL_READ_MAX, Slice};
 pub use readahead::{MAX_READAHEAD_BYTES, RaState};
 pub use reclaim::ReclaimStats;
 pub use stats::RaStats;
+
+/// The shared cache's owner program (`foliocache-owner`): its whole `main`. Programs do not
+/// call it; the binary of that name does.
+#[cfg(not(loom))]
+#[doc(hidden)]
+pub use owner::main as owner_main;
+#[cfg(not(loom))]
+pub use shared::admin::{CacheCommand, cache_command};

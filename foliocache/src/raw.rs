@@ -69,7 +69,7 @@ pub mod epoch {
 
 /// A new, empty mapping (one file's index) in `cache`'s memory, attached to no file.
 pub fn new_mapping(cache: &Cache) -> Mapping {
-    cache.new_mapping()
+    cache.local_only("raw::new_mapping").new_mapping()
 }
 
 /// Allocates a private folio of `2^order` pages from `cache`'s arena. When no block of that

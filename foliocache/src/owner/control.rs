@@ -1,0 +1,487 @@
+//! The control socket: one thread per client connection. A connection says hello (the client
+//! gets a process slot and the mapping), opens and closes files, claims and releases thread
+//! slots, and asks for the rare operations (statistics, status, drop, sync, destroy). When it
+//! closes (the client detached, or died: the kernel closes a dead process's sockets) or its
+//! process is found dead, everything the process held is freed (`Owner::detach`).
+//!
+//! What a client's death leaves, and what frees it:
+//! * its thread slots: each slot's server thread is stopped after the request it runs (a
+//!   request runs to its end; writes acknowledged or not are the cache's, as with `write(2)`
+//!   the kernel completed), its staging folio freed, its pin cleared (a dead reader's pin would
+//!   hold every grace period back), its claim cleared;
+//! * its process slot, and its line in `NAME.clients`;
+//! * its opens: files stay cached (the cache's, not the process's).
+//!
+//! Clients hold no folio reference and no lock of the owner's: the hit path reads optimistically
+//! (`mem::optimistic`), so a client killed at any instruction leaves no count behind.
+
+use super::{Owner, Served, log};
+use crate::error::Error;
+use crate::mem::epoch;
+use crate::shared::mailbox::{CLAIMED, FREE};
+use crate::shared::runtime;
+use crate::shared::wire::{self, Conn, Msg, file_op, kind};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+
+/// An error answer: errno (0 when there is none) and the error's text.
+fn refuse(error: &Error) -> Msg {
+    let errno = match error {
+        Error::Open { source, .. } | Error::Io { source, .. } => source.raw_os_error().unwrap_or(0),
+        _ => 0,
+    };
+    Msg::with_text(kind::ERROR, &[errno.max(0) as u64], error.to_string())
+}
+
+fn bad(text: &str) -> Msg {
+    Msg::with_text(kind::ERROR, &[libc::EINVAL as u64], text)
+}
+
+impl Owner {
+    /// Serves one connection until it closes, then frees what its process held.
+    pub(super) fn serve_connection(self: Arc<Self>, conn: Conn) {
+        match conn.peer() {
+            Ok((uid, _)) if uid == rustix::process::geteuid().as_raw() => {}
+            Ok((uid, pid)) => {
+                log(
+                    &self.name,
+                    &format!("refused process {pid} of user {uid}: not this cache's user"),
+                );
+                let _ = conn.send(&bad("this cache belongs to another user"), None);
+                return;
+            }
+            Err(e) => {
+                log(&self.name, &format!("refused a connection: {e}"));
+                return;
+            }
+        }
+        let mut process: Option<u32> = None;
+        loop {
+            let (msg, fd) = match conn.recv() {
+                Ok(Some(got)) => got,
+                Ok(None) => break,
+                Err(e) => {
+                    log(&self.name, &format!("a connection failed: {e}"));
+                    break;
+                }
+            };
+            let answer = match (msg.kind, process) {
+                (kind::HELLO, None) => match self.hello(&msg) {
+                    Ok(slot) => {
+                        process = Some(slot);
+                        let welcome = Msg::new(kind::WELCOME, &[u64::from(slot)]);
+                        if conn.send(&welcome, Some(self.map.fd().as_fd())).is_err() {
+                            break;
+                        }
+                        continue;
+                    }
+                    Err(text) => bad(&text),
+                },
+                (kind::HELLO, Some(_)) => bad("hello twice"),
+                (_, None) => self.admin(&msg),
+                (_, Some(p)) => self.request(p, &msg, fd),
+            };
+            if conn.send(&answer, None).is_err() {
+                break;
+            }
+            if self.stopping.load(Ordering::Acquire) {
+                break;
+            }
+        }
+        if let Some(p) = process {
+            self.detach(p);
+        }
+    }
+
+    /// A client's hello: `[protocol, pid, start time, memfd number]`; gives it a process slot.
+    fn hello(&self, msg: &Msg) -> Result<u32, String> {
+        if msg.word(0).ok() != Some(wire::PROTOCOL) {
+            return Err("the client speaks another protocol (another foliocache build)".into());
+        }
+        let pid = msg.word(1).map_err(|e| e.to_string())? as u32;
+        let start = msg.word(2).map_err(|e| e.to_string())?;
+        let memfd = msg.word(3).unwrap_or(u64::MAX);
+        let slots = self.map.processes();
+        let slot = slots
+            .iter()
+            .position(|p| {
+                p.state
+                    .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            })
+            .ok_or_else(|| format!("all {} process slots are in use", slots.len()))?;
+        let p = &slots[slot];
+        p.pid.store(pid, Ordering::Relaxed);
+        p.start.store(start, Ordering::Relaxed);
+        p.memfd
+            .store(u32::try_from(memfd).unwrap_or(u32::MAX), Ordering::Relaxed);
+        p.state.store(1, Ordering::Release);
+        self.clients.fetch_add(1, Ordering::AcqRel);
+        *self
+            .idle_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.write_clients_file();
+        Ok(slot as u32)
+    }
+
+    /// Frees what process slot `p` held (its connection closed, or its process died).
+    pub(super) fn detach(&self, p: u32) {
+        let Some(slot) = self.map.processes().get(p as usize) else {
+            return;
+        };
+        // One detach per attach: whoever moves the slot out of "attached" does it.
+        if slot
+            .state
+            .compare_exchange(1, 3, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        for (i, t) in self.map.threads().iter().enumerate() {
+            if t.claim.load(Ordering::Acquire) == CLAIMED | p {
+                self.free_thread_slot(i as u32);
+            }
+        }
+        slot.pid.store(0, Ordering::Relaxed);
+        slot.start.store(0, Ordering::Relaxed);
+        slot.memfd.store(u32::MAX, Ordering::Relaxed);
+        slot.state.store(0, Ordering::Release);
+        self.write_clients_file();
+        if self.clients.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last process left: its dirty data is written back now, not at the idle
+            // timeout (an owner killed meanwhile would otherwise lose it).
+            if let Err(e) = self.sync_all() {
+                log(
+                    &self.name,
+                    &format!("writing back after the last detach: {e}"),
+                );
+            }
+            *self
+                .idle_since
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(std::time::Instant::now());
+        }
+        // A grace period may have waited on the dead pins.
+        epoch::collect();
+    }
+
+    /// Stops a thread slot's server, frees its staging folio and clears the slot.
+    fn free_thread_slot(&self, slot: u32) {
+        self.stop_server(slot);
+        let t = &self.map.threads()[slot as usize];
+        let pfn = t.staging.swap(u32::MAX, Ordering::AcqRel);
+        if pfn != u32::MAX
+            && let Some(local) = self.cache.local()
+        {
+            local.memory().free_staging(pfn);
+        }
+        t.pin.store(0, Ordering::Release);
+        t.state.store(FREE, Ordering::Release);
+        t.claim.store(0, Ordering::Release);
+    }
+
+    /// Processes whose pid died while their connection stayed open (a child forked without
+    /// exec holds it): detached as if it had closed.
+    pub(super) fn reap_dead(&self) {
+        for (i, p) in self.map.processes().iter().enumerate() {
+            if p.state.load(Ordering::Acquire) == 1 {
+                let pid = p.pid.load(Ordering::Acquire);
+                let start = p.start.load(Ordering::Acquire);
+                if !runtime::alive(pid, start) {
+                    log(&self.name, &format!("process {pid} died attached"));
+                    self.detach(i as u32);
+                }
+            }
+        }
+    }
+
+    /// A request from an attached process `p`.
+    fn request(self: &Arc<Self>, p: u32, msg: &Msg, fd: Option<OwnedFd>) -> Msg {
+        match msg.kind {
+            kind::OPEN => match fd {
+                Some(fd) => self.open(msg, &fd).unwrap_or_else(|e| refuse(&e)),
+                None => bad("an open without its descriptor"),
+            },
+            kind::CLOSE => {
+                let record = msg.word(0).unwrap_or(u64::MAX) as usize;
+                let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(served) = files.get_mut(&record) {
+                    served.opens = served.opens.saturating_sub(1);
+                }
+                Msg::new(kind::OK, &[])
+            }
+            kind::CLAIM => self.claim(p, msg.word(0).unwrap_or(u64::MAX)),
+            kind::RELEASE => {
+                let slot = msg.word(0).unwrap_or(u64::MAX);
+                match self.map.threads().get(slot as usize) {
+                    Some(t) if t.claim.load(Ordering::Acquire) == CLAIMED | p => {
+                        self.free_thread_slot(slot as u32);
+                        Msg::new(kind::OK, &[])
+                    }
+                    _ => bad("a release of a slot this process does not hold"),
+                }
+            }
+            kind::FILE_OP => self.file_op(msg).unwrap_or_else(|e| refuse(&e)),
+            _ => self.admin(msg),
+        }
+    }
+
+    /// A thread slot claimed by process `p`: a staging folio (kept if a previous owner left
+    /// one), and a server thread.
+    fn claim(self: &Arc<Self>, p: u32, slot: u64) -> Msg {
+        let Some(t) = self.map.threads().get(slot as usize) else {
+            return bad("no such thread slot");
+        };
+        if t.claim.load(Ordering::Acquire) != CLAIMED | p {
+            return bad("a claim of a slot this process did not take");
+        }
+        let Some(local) = self.cache.local() else {
+            return bad("the owner runs no cache");
+        };
+        let kept = t.staging.load(Ordering::Acquire);
+        let keep = kept != u32::MAX
+            && self
+                .servers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(&(slot as u32));
+        if !keep {
+            match local.memory().alloc_staging(self.staging_order) {
+                Ok(pfn) => {
+                    t.staging_order
+                        .store(u32::from(self.staging_order), Ordering::Relaxed);
+                    t.staging.store(pfn, Ordering::Release);
+                }
+                Err(e) => return refuse(&e),
+            }
+            self.start_server(slot as u32);
+        }
+        Msg::new(kind::OK, &[])
+    }
+
+    /// An open: `[write, max order + 1 or 0, 0]` with the client's descriptor. The owner opens
+    /// the same file (found through the descriptor, checked to be the same inode), and answers
+    /// `[record, generation, max order]`.
+    fn open(&self, msg: &Msg, fd: &OwnedFd) -> Result<Msg, Error> {
+        use std::os::unix::fs::MetadataExt;
+        let write = msg.word(0).unwrap_or(0) != 0;
+        let want = msg.word(1).unwrap_or(0);
+        let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        let meta = std::fs::metadata(&proc_path).map_err(|source| Error::Open {
+            path: proc_path.clone().into(),
+            source,
+        })?;
+        if !meta.is_file() {
+            return Err(Error::Open {
+                path: proc_path.into(),
+                source: std::io::Error::other("a shared cache serves regular files only"),
+            });
+        }
+        let path = std::fs::read_link(&proc_path).map_err(|source| Error::Open {
+            path: proc_path.clone().into(),
+            source,
+        })?;
+        let key = (meta.dev(), meta.ino());
+        let existing = {
+            let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+            self.cache
+                .local()
+                .and_then(|l| l.records())
+                .and_then(|r| r.find(key))
+                .and_then(|record| files.get(&record).map(|s| s.file.max_order()))
+        };
+        let max_order = match (want, existing) {
+            (0, Some(order)) => order,
+            (0, None) => self.max_order,
+            (w, _) => (w - 1).min(9) as u8,
+        };
+        let (file, record, generation) = self.open_path(&path, key, write, max_order)?;
+        let order = file.max_order();
+        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        let served = files.entry(record).or_insert(Served {
+            file: file.clone(),
+            generation,
+            opens: 0,
+        });
+        if served.generation != generation {
+            *served = Served {
+                file,
+                generation,
+                opens: 0,
+            };
+        } else if write {
+            served.file = file;
+        }
+        served.opens += 1;
+        Ok(Msg::new(
+            kind::OPENED,
+            &[record as u64, u64::from(generation), u64::from(order)],
+        ))
+    }
+
+    /// A file operation through the control socket: `[record, generation, op, a, b]`.
+    fn file_op(&self, msg: &Msg) -> Result<Msg, Error> {
+        use crate::file::answer;
+        let record = msg.word(0).unwrap_or(u64::MAX) as usize;
+        let generation = msg.word(1).unwrap_or(0) as u32;
+        let op = msg.word(2).unwrap_or(0);
+        let a = msg.word(3).unwrap_or(0);
+        let b = msg.word(4).unwrap_or(0);
+        let file = self.file(record, generation)?;
+        let words = match op {
+            file_op::RA_STATS => answer::ra_stats(&file.readahead_stats()),
+            file_op::IO_STATS => answer::io_stats(&file.io_stats()),
+            file_op::WAIT_IO => {
+                file.wait_for_io();
+                Vec::new()
+            }
+            file_op::CACHED_RANGES => answer::ranges(&file.cached_ranges()),
+            file_op::DROP_CACHED => answer::drop_report(&file.drop_cached(a, b)),
+            file_op::REVALIDATE => answer::revalidated(&file.revalidate()?),
+            file_op::MAPPING_STATS => answer::mapping_stats(&file.mapping_stats()),
+            file_op::WRITTEN_OUTSIDE => {
+                file.written_outside(a, b);
+                Vec::new()
+            }
+            file_op::CHANGED_OUTSIDE => answer::revalidated(&file.changed_outside()?),
+            file_op::DISCARD_DIRTY => vec![file.discard_dirty(a as i32)],
+            _ => return Ok(bad("an unknown file operation")),
+        };
+        Ok(Msg::new(kind::OK, &words))
+    }
+
+    /// The operations any connection may ask, attached or not (`fcache cache ...`).
+    fn admin(&self, msg: &Msg) -> Msg {
+        match msg.kind {
+            kind::STATS => Msg::new(
+                kind::OK,
+                &crate::cache::stats_words(&self.cache.stats(), &self.cache.reclaim_stats()),
+            ),
+            kind::STATUS => Msg::with_text(kind::OK, &[], self.status_json()),
+            kind::DROP => {
+                let files: Vec<_> = self
+                    .files
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .values()
+                    .map(|s| s.file.clone())
+                    .collect();
+                let mut dropped = 0;
+                let mut kept = 0;
+                for file in files {
+                    let report = file.drop_cached(0, u64::MAX);
+                    dropped += report.dropped_pages;
+                    kept += report.busy_pages;
+                }
+                Msg::new(kind::OK, &[dropped, kept])
+            }
+            kind::SYNC => match self.sync_all() {
+                Ok(()) => Msg::new(kind::OK, &[]),
+                Err(e) => refuse(&e),
+            },
+            kind::DESTROY => {
+                let force = msg.word(0).unwrap_or(0) != 0;
+                // A process that just let go may not have been seen leaving yet.
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+                while !force
+                    && self.clients.load(Ordering::Acquire) > 0
+                    && std::time::Instant::now() < deadline
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                let attached = self.clients.load(Ordering::Acquire);
+                if attached > 0 && !force {
+                    return Msg::with_text(
+                        kind::ERROR,
+                        &[libc::EBUSY as u64],
+                        format!(
+                            "{attached} processes are attached (destroy --force detaches them)"
+                        ),
+                    );
+                }
+                match self.sync_all() {
+                    Ok(()) => {
+                        self.stopping.store(true, Ordering::Release);
+                        Msg::new(kind::OK, &[])
+                    }
+                    Err(e) => refuse(&e),
+                }
+            }
+            kind::EVICT => Msg::new(kind::OK, &[self.cache.evict(msg.word(0).unwrap_or(0))]),
+            _ => bad("an unknown request"),
+        }
+    }
+
+    /// `fcache cache status`: the cache as JSON.
+    fn status_json(&self) -> String {
+        let stats = self.cache.stats();
+        let live = self.map.live();
+        let mut out = String::from("{");
+        out.push_str(&format!(
+            "\"name\":{:?},\"owner_pid\":{},\"owner_generation\":{},\"mapping_bytes\":{},\
+             \"page_size\":{},\"total_pages\":{},\"free_pages\":{},\"dirty_pages\":{},\
+             \"writeback_pages\":{},\"shmem_huge_pages\":{:?},\"outside_writers\":{:?},",
+            self.name,
+            std::process::id(),
+            live.owner_generation.load(Ordering::Relaxed),
+            self.map.fixed().total,
+            crate::mem::PAGE_SIZE,
+            stats.total_pages,
+            stats.free_pages,
+            stats.dirty.dirty_pages,
+            stats.dirty.writeback_pages,
+            super::shmem_huge_pages(),
+            "revalidation on open (no lease or fanotify watch yet): a reader may see old bytes \
+             until the next open after an outside write"
+        ));
+        out.push_str("\"processes\":[");
+        let mut first = true;
+        for p in self.map.processes() {
+            if p.state.load(Ordering::Acquire) == 1 {
+                if !first {
+                    out.push(',');
+                }
+                first = false;
+                out.push_str(&p.pid.load(Ordering::Relaxed).to_string());
+            }
+        }
+        out.push_str("],\"files\":[");
+        let files: Vec<(usize, File)> = self
+            .files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(&r, s)| (r, s.file.clone()))
+            .collect();
+        for (i, (record, file)) in files.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            let path = self.map.files()[*record]
+                .path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            let stats = file.mapping_stats();
+            out.push_str(&format!(
+                "{{\"path\":{:?},\"size\":{},\"cached_pages\":{},\"dirty_pages\":{},\"ranges\":[",
+                path,
+                file.size(),
+                stats.cached_pages,
+                stats.dirty_pages,
+            ));
+            for (j, range) in file.cached_ranges().iter().take(64).enumerate() {
+                if j > 0 {
+                    out.push(',');
+                }
+                out.push_str(&format!("[{},{}]", range.first, range.pages));
+            }
+            out.push_str("]}");
+        }
+        out.push_str("]}");
+        out
+    }
+}
+
+use crate::file::File;

@@ -1,0 +1,566 @@
+//! A shared cache's owner: the one process that changes the cache (`docs/SHARED.md`). It
+//! creates the mapping (or takes over one whose owner died), runs the cache over it, answers
+//! its clients on the control socket and serves their mailboxes, and notices their deaths.
+//!
+//! * `control`: the control socket, one thread per client connection; a client's death (its
+//!   connection closing, or its pid found dead) frees what it held.
+//! * `serve`: one thread per claimed client thread slot, running the slot's requests.
+//! * `takeover`: what a new owner does with a mapping whose owner died.
+//!
+//! The owner is started by the first client that finds none (`shared::client`): the program
+//! `foliocache-owner NAME` starts itself again detached ([`main`]), takes the cache's lock,
+//! builds the cache, listens, and tells its starter it is ready.
+
+mod control;
+mod serve;
+mod takeover;
+
+use crate::cache::{Cache, CacheBuilder};
+use crate::error::Error;
+use crate::file::File;
+use crate::mem::epoch::{self, External};
+use crate::mem::shared::{SETTINGS_WORDS, SharedMap};
+use crate::shared::runtime::{self, Paths, shared_error};
+use crate::shared::wire::{self, Conn, Listener, Msg, kind};
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The environment variable that marks the detached (real) owner process.
+const DETACHED: &str = "FOLIOCACHE_OWNER_DETACHED";
+
+/// How often the owner looks for clients that died without their connection closing (a
+/// connection a forked child inherited), and checks its idle timeout.
+const TICK: Duration = Duration::from_millis(200);
+
+/// The owner program's entry: `foliocache-owner NAME`. Returns the exit code.
+#[doc(hidden)]
+pub fn main() -> i32 {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(name) = args.get(1).filter(|_| args.len() == 2) else {
+        eprintln!(
+            "usage: foliocache-owner NAME\n\nThe owner of the shared cache NAME. Programs that \
+             attach to the cache start it themselves (Cache::builder().shared(NAME)); it is not \
+             meant to be run by hand."
+        );
+        return 2;
+    };
+    if std::env::var_os(DETACHED).is_none() {
+        // Start the real owner in a new session, with this process's standard input (the
+        // socket to its starter) and error (the log), and return at once: the starter waits
+        // for this process, then talks to the detached one.
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => {
+                eprintln!("foliocache-owner: cannot find its own program: {e}");
+                return 1;
+            }
+        };
+        return match std::process::Command::new(exe)
+            .arg(name)
+            .env(DETACHED, "1")
+            .spawn()
+        {
+            Ok(_) => 0,
+            Err(e) => {
+                eprintln!("foliocache-owner: cannot start detached: {e}");
+                1
+            }
+        };
+    }
+    let _ = rustix::process::setsid();
+    // Standard input is the socket to the starter.
+    let stdin = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("foliocache-owner: no standard input: {e}");
+            return 1;
+        }
+    };
+    let starter = Conn::from_fd(stdin);
+    match run(name, &starter) {
+        Ok(()) => 0,
+        Err(e) => {
+            log(name, &format!("stopped: {e}"));
+            let _ = starter.send(&Msg::with_text(kind::ERROR, &[], e.to_string()), None);
+            1
+        }
+    }
+}
+
+/// A line in the owner's log (its standard error, which its starter pointed at `NAME.log`).
+pub(crate) fn log(name: &str, line: &str) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let _ = writeln!(
+        std::io::stderr(),
+        "{}.{:03} foliocache-owner {name}[{}]: {line}",
+        now.as_secs(),
+        now.subsec_millis(),
+        std::process::id()
+    );
+}
+
+/// One file the owner serves: the cache's file, the generation of its record when it was
+/// opened, and how many client opens it has.
+struct Served {
+    file: File,
+    generation: u32,
+    opens: usize,
+}
+
+/// The owner's state (see the module documentation).
+pub(crate) struct Owner {
+    name: String,
+    paths: Paths,
+    pub(crate) map: Arc<SharedMap>,
+    pub(crate) cache: Cache,
+    files: Mutex<HashMap<usize, Served>>,
+    /// The server thread of each claimed thread slot.
+    servers: Mutex<HashMap<u32, serve::Server>>,
+    /// Attached processes (connections that said hello).
+    clients: AtomicUsize,
+    /// When the last client left (`None` while one is attached).
+    idle_since: Mutex<Option<Instant>>,
+    idle: Duration,
+    /// The cache's largest folio order (a file's default).
+    max_order: u8,
+    /// The order of the staging folios given to client threads.
+    staging_order: u8,
+    /// Set by `fcache cache destroy`: the accept loop ends.
+    stopping: AtomicBool,
+    /// The external pins of the clients, as the epoch domain sees them.
+    pins: Arc<dyn External>,
+}
+
+/// The clients' thread pins, as the owner's epoch domain counts them (`mem::epoch::External`).
+struct ClientPins(Arc<SharedMap>);
+
+impl External for ClientPins {
+    fn caught_up(&self, epoch: u64) -> bool {
+        self.0
+            .threads()
+            .iter()
+            .all(|t| epoch::pin_caught_up(t.pin.load(Ordering::Relaxed), epoch))
+    }
+
+    fn advanced(&self, epoch: u64) {
+        self.0.live().epoch.store(epoch, Ordering::Release);
+    }
+}
+
+/// What the system does for huge pages in shared memory (`shmem_enabled`'s chosen value).
+pub(crate) fn shmem_huge_pages() -> String {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .ok()
+        .and_then(|t| {
+            let start = t.find('[')?;
+            let end = t[start..].find(']')?;
+            Some(t[start + 1..start + end].to_owned())
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+fn random_id() -> [u8; 16] {
+    let mut id = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut id);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    for (b, n) in id.iter_mut().zip(now.to_le_bytes()) {
+        *b ^= n;
+    }
+    id[0] ^= std::process::id() as u8;
+    id
+}
+
+/// Reads the settings words its starter put in the environment.
+fn settings_from_env(name: &str) -> Result<[u64; SETTINGS_WORDS], Error> {
+    let text = std::env::var("FOLIOCACHE_OWNER_SETTINGS")
+        .map_err(|_| shared_error(name, "FOLIOCACHE_OWNER_SETTINGS is not set"))?;
+    let mut words = [0u64; SETTINGS_WORDS];
+    let parts: Vec<&str> = text.split(',').collect();
+    if parts.len() != SETTINGS_WORDS {
+        return Err(shared_error(
+            name,
+            format!(
+                "FOLIOCACHE_OWNER_SETTINGS has {} words, not {SETTINGS_WORDS}",
+                parts.len()
+            ),
+        ));
+    }
+    for (w, part) in words.iter_mut().zip(parts) {
+        *w = u64::from_str_radix(part, 16)
+            .map_err(|_| shared_error(name, format!("a bad settings word: {part:?}")))?;
+    }
+    Ok(words)
+}
+
+/// The mapping a client that still holds the cache could hand over: `NAME.clients` lists the
+/// attached processes and their memfd's descriptor number.
+fn memfd_from_clients(paths: &Paths) -> Option<OwnedFd> {
+    let text = std::fs::read_to_string(&paths.clients).ok()?;
+    for line in text.lines() {
+        let mut parts = line.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(pid)), Some(Ok(start)), Some(Ok(fd))) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        if !runtime::alive(pid as u32, start) {
+            continue;
+        }
+        if let Ok(file) = std::fs::File::open(format!("/proc/{pid}/fd/{fd}")) {
+            return Some(file.into());
+        }
+    }
+    None
+}
+
+/// The owner's life: lock, map, build, listen, serve until idle or destroyed.
+fn run(name: &str, starter: &Conn) -> Result<(), Error> {
+    let settings = settings_from_env(name)?;
+    let paths = Paths::of(name)?;
+    let io = |what: &str, e: std::io::Error| shared_error(name, format!("{what}: {e}"));
+    // What the starter hands over: a hello, and the mapping if it holds one.
+    let (start, handed) = match starter.recv() {
+        Ok(Some(got)) => got,
+        Ok(None) => return Err(shared_error(name, "the starter left before the start")),
+        Err(e) => return Err(io("reading the start", e)),
+    };
+    if start.kind != kind::HELLO || start.word(0).ok() != Some(wire::PROTOCOL) {
+        return Err(shared_error(
+            name,
+            "the starter speaks another protocol (a program built from another foliocache)",
+        ));
+    }
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&paths.lock)
+        .map_err(|e| io(&format!("cannot open {}", paths.lock.display()), e))?;
+    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        // Another owner runs (or is starting): the starter connects to it.
+        let _ = starter.send(&Msg::new(kind::OK, &[1]), None);
+        return Ok(());
+    }
+    let builder = CacheBuilder::from_shared_settings(&settings)?;
+    let policy = builder.policy_value();
+    let handed = handed.or_else(|| memfd_from_clients(&paths));
+    let (map, free) = match handed {
+        Some(fd) => {
+            let map = Arc::new(SharedMap::attach(fd)?);
+            let free = takeover::take_over(name, &map, policy.refcount)?;
+            (map, Some(free))
+        }
+        None => {
+            let shape = builder.shared_shape()?;
+            let map = SharedMap::create(name, shape, settings, random_id(), policy.refcount)?;
+            log(
+                name,
+                &format!(
+                    "created: {} MiB, {} pages of {} KiB, {} thread slots, {} file records",
+                    map.fixed().total >> 20,
+                    shape.pages,
+                    crate::mem::PAGE_SIZE >> 10,
+                    shape.threads,
+                    shape.files
+                ),
+            );
+            (Arc::new(map), None)
+        }
+    };
+    let cache = match &free {
+        Some(free) => builder.build_owner(Arc::clone(&map), Some(&|pfn| free.is_free(pfn)))?,
+        None => builder.build_owner(Arc::clone(&map), None)?,
+    };
+    if let (Some(free), Some(local)) = (&free, cache.local()) {
+        for &pfn in &free.staging {
+            local.memory().adopt_staging(pfn);
+        }
+    }
+    let live = map.live();
+    let pid = std::process::id();
+    live.owner_pid.store(pid, Ordering::Release);
+    live.owner_start
+        .store(runtime::start_time(pid).unwrap_or(0), Ordering::Release);
+    live.owner_generation.fetch_add(1, Ordering::AcqRel);
+    let pins: Arc<dyn External> = Arc::new(ClientPins(Arc::clone(&map)));
+    // Start above every epoch a client may still pin with (a previous owner's).
+    epoch::add_external(
+        Arc::clone(&pins),
+        live.epoch.load(Ordering::Acquire).saturating_add(2),
+    );
+    let pages = map.arena().1;
+    let staging_order = (0..=5u8)
+        .rev()
+        .find(|&o| (1usize << o) * 64 <= pages)
+        .unwrap_or(0);
+    let owner = Arc::new(Owner {
+        name: name.to_owned(),
+        paths: paths.clone(),
+        map,
+        cache,
+        files: Mutex::new(HashMap::new()),
+        servers: Mutex::new(HashMap::new()),
+        clients: AtomicUsize::new(0),
+        idle_since: Mutex::new(Some(Instant::now())),
+        idle: Duration::from_secs(settings[crate::shared::settings::IDLE_SECS]),
+        max_order: settings[crate::shared::settings::MAX_ORDER].min(9) as u8,
+        staging_order,
+        stopping: AtomicBool::new(false),
+        pins,
+    });
+    if let Some(free) = &free {
+        // Requests the previous owner left in slots run again, now.
+        for &slot in &free.claimed {
+            owner.start_server(slot);
+        }
+    }
+    let listener = Listener::bind(&paths.sock)
+        .map_err(|e| io(&format!("cannot listen at {}", paths.sock.display()), e))?;
+    owner.write_clients_file();
+    starter
+        .send(&Msg::new(kind::OK, &[0]), None)
+        .map_err(|e| io("telling the starter", e))?;
+    log(name, "ready");
+    owner.accept_loop(&listener);
+    owner.shut_down();
+    drop(lock);
+    Ok(())
+}
+
+impl Owner {
+    fn accept_loop(self: &Arc<Self>, listener: &Listener) {
+        use rustix::event::{PollFd, PollFlags};
+        let timeout = rustix::time::Timespec {
+            tv_sec: 0,
+            tv_nsec: TICK.as_nanos() as i64,
+        };
+        while !self.stopping.load(Ordering::Acquire) {
+            let mut fds = [PollFd::new(listener, PollFlags::IN)];
+            if matches!(rustix::event::poll(&mut fds, Some(&timeout)), Ok(n) if n > 0) {
+                match listener.accept() {
+                    Ok(conn) => {
+                        let owner = Arc::clone(self);
+                        let spawned = std::thread::Builder::new()
+                            .name("fc-owner-conn".into())
+                            .spawn(move || owner.serve_connection(conn));
+                        if let Err(e) = spawned {
+                            log(
+                                &self.name,
+                                &format!("cannot start a connection thread: {e}"),
+                            );
+                        }
+                    }
+                    Err(e) => log(&self.name, &format!("accept: {e}")),
+                }
+            }
+            self.reap_dead();
+            self.publish_counters();
+            let idle_for = self
+                .idle_since
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .map(|since| since.elapsed());
+            if idle_for.is_some_and(|d| d >= self.idle) {
+                log(&self.name, "idle timeout: no process attached");
+                break;
+            }
+        }
+    }
+
+    /// The end: every dirty page written back, the socket removed.
+    fn shut_down(&self) {
+        let _ = std::fs::remove_file(&self.paths.sock);
+        let _ = std::fs::remove_file(&self.paths.clients);
+        if let Err(e) = self.sync_all() {
+            log(&self.name, &format!("writing back at exit failed: {e}"));
+        }
+        let servers: Vec<serve::Server> = self
+            .servers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .map(|(_, s)| s)
+            .collect();
+        for server in servers {
+            server.stop();
+        }
+        epoch::remove_external(&self.pins);
+        log(&self.name, "stopped");
+    }
+
+    /// Writes every dirty page of every file back (`fcache cache sync`, the last client leaving,
+    /// the end). The first error is returned after trying every file.
+    pub(crate) fn sync_all(&self) -> Result<(), Error> {
+        let files: Vec<File> = self
+            .files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(|s| s.file.clone())
+            .collect();
+        let mut first = None;
+        for file in files {
+            if let Err(e) = file.sync_all() {
+                log(&self.name, &format!("writing back a file failed: {e}"));
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// The file of record `record` at `generation`, opening it from the record's path if this
+    /// owner has not opened it yet (a request a previous owner left, a client's first request
+    /// after a takeover).
+    pub(crate) fn file(&self, record: usize, generation: u32) -> Result<File, Error> {
+        let stale = || {
+            Error::SharedMapping(
+                "the file's record was given to another file (the owner dropped it)".to_owned(),
+            )
+        };
+        {
+            let files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(served) = files.get(&record) {
+                return if served.generation == generation {
+                    Ok(served.file.clone())
+                } else {
+                    Err(stale())
+                };
+            }
+        }
+        let rec = self.map.files().get(record).ok_or_else(stale)?;
+        if rec.state.load(Ordering::Acquire) != crate::mem::records::LIVE
+            || rec.generation.load(Ordering::Acquire) != generation
+        {
+            return Err(stale());
+        }
+        let path = rec.path().ok_or_else(stale)?;
+        let key = (
+            rec.dev.load(Ordering::Acquire),
+            rec.ino.load(Ordering::Acquire),
+        );
+        let max_order = rec.max_order.load(Ordering::Acquire).min(9) as u8;
+        let (file, record_now, generation_now) = self
+            .open_path(&path, key, true, max_order)
+            .or_else(|_| self.open_path(&path, key, false, max_order))?;
+        if record_now != record || generation_now != generation {
+            return Err(stale());
+        }
+        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        let served = files.entry(record).or_insert(Served {
+            file,
+            generation,
+            opens: 0,
+        });
+        Ok(served.file.clone())
+    }
+
+    /// Opens `path` in the cache, checking it is the file `key` names: the file, its record and
+    /// the record's generation.
+    fn open_path(
+        &self,
+        path: &std::path::Path,
+        key: (u64, u64),
+        write: bool,
+        max_order: u8,
+    ) -> Result<(File, usize, u32), Error> {
+        use std::os::unix::fs::MetadataExt;
+        let options = crate::io::OpenOptions::new()
+            .write(write)
+            .max_order(max_order)
+            .buffered_fallback(true);
+        let file = self.cache.open_with(path, options)?;
+        let meta = std::fs::metadata(path).map_err(|source| Error::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+        if (meta.dev(), meta.ino()) != key {
+            return Err(Error::OpenConflict {
+                path: path.to_owned(),
+                reason: "the path names another file now (renamed or replaced)".to_owned(),
+            });
+        }
+        let records = self
+            .cache
+            .local()
+            .and_then(|l| l.records())
+            .ok_or_else(|| shared_error(&self.name, "the owner's cache has no records"))?;
+        let assigned = records.assign(key.0, key.1, max_order, path)?;
+        Ok((file, assigned.record, assigned.generation))
+    }
+
+    /// Publishes the counters `fcache cache status` shows without asking (header live words).
+    fn publish_counters(&self) {
+        let stats = self.cache.stats();
+        let live = self.map.live();
+        let counters = [
+            stats.free_pages,
+            stats.dirty.dirty_pages,
+            stats.dirty.writeback_pages,
+            self.files
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len() as u64,
+            self.clients.load(Ordering::Relaxed) as u64,
+        ];
+        for (w, v) in live.counters.iter().zip(counters) {
+            w.store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Rewrites `NAME.clients`: every attached process, with its memfd's descriptor number
+    /// (how a new owner finds the mapping when no client hands it over).
+    pub(crate) fn write_clients_file(&self) {
+        let mut text = String::new();
+        for p in self.map.processes() {
+            if p.state.load(Ordering::Acquire) != 0 {
+                let fd = p.memfd.load(Ordering::Acquire);
+                if fd != u32::MAX {
+                    text.push_str(&format!(
+                        "{} {} {}\n",
+                        p.pid.load(Ordering::Acquire),
+                        p.start.load(Ordering::Acquire),
+                        fd
+                    ));
+                }
+            }
+        }
+        let tmp = self.paths.clients.with_extension("clients.tmp");
+        if std::fs::write(&tmp, text).is_ok() {
+            let _ = std::fs::rename(&tmp, &self.paths.clients);
+        }
+    }
+
+    fn start_server(self: &Arc<Self>, slot: u32) {
+        let server = serve::Server::start(Arc::clone(self), slot);
+        if let Some(old) = self
+            .servers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(slot, server)
+        {
+            old.stop();
+        }
+    }
+
+    fn stop_server(&self, slot: u32) {
+        let server = self
+            .servers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&slot);
+        if let Some(server) = server {
+            server.stop();
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! A claimed thread slot's server: an owner thread that runs the slot's requests
+//! (`shared::mailbox` has the protocol). Each request is checked before use: the record and
+//! its generation name a file this owner serves, lengths are bounded by the staging folio, the
+//! readahead state is clamped; a bad request gets an error answer, never a wild access.
+
+use super::Owner;
+use crate::error::Error;
+use crate::file::{File, SyncRange};
+use crate::mem::shared::{MAIL_WORDS, ThreadSlot};
+use crate::shared::mailbox::{self, DONE, RUNNING, SUBMITTED, at, error_kind, op};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// A running server thread.
+pub(super) struct Server {
+    stop: Arc<AtomicBool>,
+    slot: u32,
+    owner: std::sync::Weak<Owner>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    pub(super) fn start(owner: Arc<Owner>, slot: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let weak = Arc::downgrade(&owner);
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name(format!("fc-serve-{slot}"))
+            .spawn(move || serve(&owner, slot, &flag))
+            .map_err(|e| {
+                super::log(
+                    &weak.upgrade().map(|o| o.name.clone()).unwrap_or_default(),
+                    &format!("cannot start a server thread: {e}"),
+                );
+            })
+            .ok();
+        Self {
+            stop,
+            slot,
+            owner: weak,
+            thread,
+        }
+    }
+
+    /// Stops the thread after the request it runs, and waits for it.
+    pub(super) fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(owner) = self.owner.upgrade() {
+            mailbox::wake(&owner.map.threads()[self.slot as usize].state);
+        }
+        if let Some(thread) = self.thread.take()
+            && thread.thread().id() != std::thread::current().id()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve(owner: &Owner, slot: u32, stop: &AtomicBool) {
+    let t = &owner.map.threads()[slot as usize];
+    while !stop.load(Ordering::Acquire) {
+        let state = t.state.load(Ordering::Acquire);
+        match state {
+            SUBMITTED => {
+                if t.state
+                    .compare_exchange(SUBMITTED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+                {
+                    continue;
+                }
+            }
+            // Left RUNNING by a previous owner that died: run it again (requests are
+            // idempotent).
+            RUNNING => {}
+            _ => {
+                mailbox::wait(&t.state, state, Duration::from_millis(500));
+                continue;
+            }
+        }
+        let request = mailbox::read_request(t);
+        let reply = run(owner, t, &request);
+        mailbox::write_reply(t, &reply);
+        t.state.store(DONE, Ordering::Release);
+        mailbox::wake(&t.state);
+    }
+}
+
+/// An error answer.
+fn failed(error: &Error, kind: Option<u64>) -> [u64; MAIL_WORDS] {
+    let (errno, k) = mailbox::encode_error(error);
+    let mut reply = [0u64; MAIL_WORDS];
+    reply[at::RESULT] = (-i64::from(errno.max(1))) as u64;
+    reply[at::ERROR_KIND] = kind.unwrap_or(k);
+    reply
+}
+
+fn bad_request() -> [u64; MAIL_WORDS] {
+    failed(
+        &Error::SharedMapping("a malformed request".to_owned()),
+        Some(error_kind::BAD_REQUEST),
+    )
+}
+
+/// Runs one request and makes its answer.
+fn run(owner: &Owner, t: &ThreadSlot, request: &[u64; MAIL_WORDS]) -> [u64; MAIL_WORDS] {
+    let record = request[at::RECORD] as usize;
+    let generation = request[at::GENERATION] as u32;
+    let file = match owner.file(record, generation) {
+        Ok(file) => file,
+        Err(e @ Error::SharedMapping(_)) => return failed(&e, Some(error_kind::STALE_FILE)),
+        Err(e) => return failed(&e, None),
+    };
+    let result = match request[at::OP] {
+        op::READ | op::WRITE => transfer(owner, t, &file, request),
+        op::SET_LEN => file.set_len(request[at::A]).map(|()| [0; MAIL_WORDS]),
+        op::FALLOCATE => file
+            .fallocate(request[at::A], request[at::B])
+            .map(|()| [0; MAIL_WORDS]),
+        op::PUNCH_HOLE => file
+            .punch_hole(request[at::A], request[at::B])
+            .map(|()| [0; MAIL_WORDS]),
+        op::SYNC => return sync(&file, request),
+        op::READAHEAD => {
+            let mut handle = file.handle();
+            handle.set_ra_state(mailbox::get_ra(request, max_ra_pages()));
+            handle.readahead(request[at::A], request[at::B]).map(|()| {
+                let mut reply = [0; MAIL_WORDS];
+                mailbox::put_ra(&mut reply, &handle.ra_state());
+                reply
+            })
+        }
+        _ => return bad_request(),
+    };
+    result.unwrap_or_else(|e| failed(&e, None))
+}
+
+fn max_ra_pages() -> u64 {
+    crate::readahead::MAX_READAHEAD_BYTES >> crate::mem::PAGE_SHIFT
+}
+
+/// A read into, or a write from, the slot's staging folio.
+fn transfer(
+    owner: &Owner,
+    t: &ThreadSlot,
+    file: &File,
+    request: &[u64; MAIL_WORDS],
+) -> Result<[u64; MAIL_WORDS], Error> {
+    let pfn = t.staging.load(Ordering::Acquire);
+    let order = t.staging_order.load(Ordering::Acquire);
+    let pos = request[at::A];
+    let room = crate::mem::PAGE_SIZE << order.min(9);
+    let len = usize::try_from(request[at::B]).unwrap_or(usize::MAX);
+    if len > room || pos.checked_add(len as u64).is_none() {
+        return Ok(bad_request());
+    }
+    let mut handle = file.handle();
+    let mut reply = [0u64; MAIL_WORDS];
+    let done = if request[at::OP] == op::READ {
+        handle.set_ra_state(mailbox::get_ra(request, max_ra_pages()));
+        let done = owner.map.with_folio_bytes(pfn, order, len, |bytes| {
+            let mut done = 0;
+            while done < bytes.len() {
+                match handle.read_at(&mut bytes[done..], pos + done as u64) {
+                    Ok(0) => break,
+                    Ok(n) => done += n,
+                    Err(_) if done > 0 => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(done)
+        });
+        mailbox::put_ra(&mut reply, &handle.ra_state());
+        done
+    } else {
+        owner
+            .map
+            .with_folio_bytes(pfn, order, len, |bytes| handle.write_at(bytes, pos))
+    };
+    match done {
+        None => Ok(bad_request()),
+        Some(Ok(n)) => {
+            reply[at::RESULT] = n as u64;
+            Ok(reply)
+        }
+        Some(Err(e)) => Err(e),
+    }
+}
+
+/// A sync from the handle's errseq cursor (`[mode, offset, len, cursor]`): the answer carries
+/// the cursor on, error or not.
+fn sync(file: &File, request: &[u64; MAIL_WORDS]) -> [u64; MAIL_WORDS] {
+    let mut handle = file.handle();
+    handle.set_errseq_cursor(request[at::C + 1] as u32);
+    let result = match request[at::A] {
+        0 => handle.sync_all(),
+        1 => handle.sync_data(),
+        mode => handle.sync_range(
+            request[at::B],
+            request[at::C],
+            SyncRange::from_bits((mode - 2) as u8),
+        ),
+    };
+    let mut reply = match result {
+        Ok(()) => [0; MAIL_WORDS],
+        Err(e) => failed(&e, None),
+    };
+    reply[at::VALUE] = u64::from(handle.errseq_cursor());
+    reply
+}

@@ -1,0 +1,922 @@
+//! A process attached to a shared cache: its attachment (the mapping, the control connection,
+//! its threads' slots) and its files. Hits are served here alone: pin the thread's slot, walk
+//! the file's index (the speculative lookup, every node offset checked), copy optimistically.
+//! Everything else is a request to the owner (`docs/SHARED.md`, "What each process does").
+//!
+//! A client holds nothing an owner would need back if it died: its slots, which the owner
+//! clears when its connection closes. When the owner dies, the first thread to notice starts
+//! or finds the next owner (handing it this process's memfd, so the cache's pages are kept),
+//! claims this process's slots and opens its files again; requests in flight are run again by
+//! the new owner, since they are still in the slots.
+
+use super::mailbox::{self, CLAIMED, DONE, FREE, SUBMITTED, at, op};
+use super::runtime::{self, Paths, shared_error};
+use super::wire::{self, Conn, Msg, kind};
+use crate::error::Error;
+use crate::index::{Entry, Index};
+use crate::mem::epoch::ExternalGuard;
+use crate::mem::nodes::{NodeSpace, ViewOnly};
+use crate::mem::optimistic::FolioView;
+use crate::mem::shared::{MAIL_WORDS, SETTINGS_WORDS, SharedMap, ThreadSlot};
+use crate::mem::{PAGE_SHIFT, flag};
+use crate::policy::RefcountPolicy;
+use crate::readahead::RaState;
+use std::cell::RefCell;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+/// How long a client sleeps on its mailbox before checking that the owner is alive.
+const OWNER_CHECK: Duration = Duration::from_millis(50);
+
+/// How long a request may wait before the client says so on standard error.
+const SLOW_REQUEST: Duration = Duration::from_secs(10);
+
+/// Tries of the optimistic path on one folio before asking the owner.
+const HIT_TRIES: usize = 3;
+
+static NEXT_ATTACHMENT: AtomicU64 = AtomicU64::new(1);
+
+/// A process's attachment to one shared cache (see the module documentation).
+pub(crate) struct Attachment {
+    id: u64,
+    paths: Paths,
+    settings: [u64; SETTINGS_WORDS],
+    owner_program: Option<PathBuf>,
+    pub(crate) map: Arc<SharedMap>,
+    /// A read-only view of each file record's index (built once: a file's record can change
+    /// after an owner's takeover, and its view is then simply another one of these).
+    views: Box<[Index]>,
+    pub(crate) policy: RefcountPolicy,
+    conn: Mutex<Option<Conn>>,
+    /// Bumped at each connection to an owner (the first, and each after a takeover).
+    generation: AtomicU64,
+    process_slot: AtomicU32,
+    recovering: Mutex<()>,
+    /// Thread slots this process claimed.
+    claimed: Mutex<Vec<u32>>,
+    /// Files open here, to open again with a new owner.
+    files: Mutex<Vec<Weak<ClientFile>>>,
+    /// The largest readahead window (pages), to bound what a mailbox answer carries.
+    pub(crate) max_ra_pages: u64,
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachment")
+            .field("name", &self.paths.name)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_error(name: &str, what: &str, e: std::io::Error) -> Error {
+    shared_error(name, format!("{what}: {e}"))
+}
+
+impl Attachment {
+    /// Attaches to shared cache `name`, starting its owner if none runs (with `settings`,
+    /// which only a new cache takes).
+    pub(crate) fn attach(
+        name: &str,
+        settings: [u64; SETTINGS_WORDS],
+        owner_program: Option<PathBuf>,
+        max_ra_pages: u64,
+    ) -> Result<Arc<Self>, Error> {
+        let paths = Paths::of(name)?;
+        let (conn, welcome, memfd) =
+            connect_or_start(&paths, &settings, owner_program.as_deref(), None)?;
+        let memfd = memfd.ok_or_else(|| shared_error(name, "the owner sent no mapping"))?;
+        let map = Arc::new(SharedMap::attach(memfd)?);
+        let policy = match map.fixed().settings[super::settings::REFCOUNT] {
+            1 => RefcountPolicy::Cas,
+            _ => RefcountPolicy::FrozenBit,
+        };
+        let (base, pages) = map.arena();
+        let space: Arc<dyn NodeSpace> = Arc::new(ViewOnly {
+            base: base.as_ptr() as usize,
+            len: pages * crate::mem::PAGE_SIZE,
+        });
+        let meter = Arc::new(crate::mem::NodeMeter::default());
+        let views = (0..map.files().len())
+            .map(|record| {
+                Index::of_record(&map, record, Arc::clone(&space), Arc::clone(&meter), false)
+            })
+            .collect::<Result<Box<[Index]>, Error>>()?;
+        let attachment = Arc::new(Self {
+            id: NEXT_ATTACHMENT.fetch_add(1, Ordering::Relaxed),
+            paths,
+            settings,
+            owner_program,
+            map,
+            views,
+            policy,
+            conn: Mutex::new(Some(conn)),
+            generation: AtomicU64::new(1),
+            process_slot: AtomicU32::new(welcome.word(0).unwrap_or(0) as u32),
+            recovering: Mutex::new(()),
+            claimed: Mutex::new(Vec::new()),
+            files: Mutex::new(Vec::new()),
+            max_ra_pages,
+        });
+        Ok(attachment)
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        &self.paths.name
+    }
+
+    /// A control request and its answer, going to a new owner if the current one died.
+    pub(crate) fn control(
+        self: &Arc<Self>,
+        msg: &Msg,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<(Msg, Option<OwnedFd>), Error> {
+        for _ in 0..3 {
+            let generation = self.generation.load(Ordering::Acquire);
+            let result = {
+                let conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+                match conn.as_ref() {
+                    Some(conn) => conn.call(msg, fd),
+                    None => Err(std::io::Error::new(
+                        std::io::ErrorKind::NotConnected,
+                        "not connected",
+                    )),
+                }
+            };
+            match result {
+                Ok(answer) => return Ok(answer),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::BrokenPipe
+                            | std::io::ErrorKind::NotConnected
+                    ) =>
+                {
+                    self.recover(generation)?;
+                }
+                Err(e) => return Err(io_error(self.name(), "the owner refused the request", e)),
+            }
+        }
+        Err(shared_error(
+            self.name(),
+            "the owner kept dying while answering a request",
+        ))
+    }
+
+    /// Whether the owner this process is connected to has gone.
+    fn owner_gone(&self) -> bool {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_none_or(Conn::closed)
+    }
+
+    /// After the owner died: connects to (or starts) the next one, handing it this process's
+    /// memfd, claims this process's slots again and opens its files again. Nothing to do if
+    /// another thread already did it since `seen` (a generation).
+    fn recover(self: &Arc<Self>, seen: u64) -> Result<(), Error> {
+        let _one = self
+            .recovering
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if self.generation.load(Ordering::Acquire) != seen {
+            return Ok(());
+        }
+        let (conn, welcome, memfd) = connect_or_start(
+            &self.paths,
+            &self.settings,
+            self.owner_program.as_deref(),
+            Some(self.map.fd()),
+        )?;
+        if let Some(memfd) = memfd {
+            let theirs = SharedMap::attach(memfd)?;
+            if theirs.fixed().cache_id != self.map.fixed().cache_id {
+                return Err(shared_error(
+                    self.name(),
+                    "the cache this process attached to was replaced by another (destroyed, or \
+                     its owner and every process holding it died): attach again",
+                ));
+            }
+        }
+        let process = welcome.word(0).unwrap_or(0) as u32;
+        self.process_slot.store(process, Ordering::Release);
+        let claimed = self
+            .claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        for slot in claimed {
+            self.map.threads()[slot as usize]
+                .claim
+                .store(CLAIMED | process, Ordering::Release);
+            conn.call(&Msg::new(kind::CLAIM, &[u64::from(slot)]), None)
+                .map_err(|e| io_error(self.name(), "claiming a slot from the new owner", e))?;
+        }
+        let files: Vec<Arc<ClientFile>> = self
+            .files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for file in files {
+            let (answer, _) = conn
+                .call(&file.open_message(), Some(file.fd.as_fd()))
+                .map_err(|e| io_error(self.name(), "opening a file with the new owner", e))?;
+            file.bind(&answer)?;
+        }
+        *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// This thread's slot (claimed on first use).
+    pub(crate) fn slot(self: &Arc<Self>) -> Result<u32, Error> {
+        if let Some(slot) = CLAIMS.with(|claims| claims.borrow().find(self.id)) {
+            return Ok(slot);
+        }
+        let process = self.process_slot.load(Ordering::Acquire);
+        let threads = self.map.threads();
+        let slot = threads
+            .iter()
+            .position(|t| {
+                t.claim
+                    .compare_exchange(0, CLAIMED | process, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            })
+            .ok_or_else(|| {
+                shared_error(
+                    self.name(),
+                    format!(
+                        "all {} thread slots are in use (too many threads using the cache)",
+                        threads.len()
+                    ),
+                )
+            })? as u32;
+        self.claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(slot);
+        if let Err(e) = self.control(&Msg::new(kind::CLAIM, &[u64::from(slot)]), None) {
+            self.forget_slot(slot);
+            return Err(e);
+        }
+        CLAIMS.with(|claims| {
+            claims.borrow_mut().0.push(Claim {
+                attachment: self.id,
+                slot,
+                owner: Arc::downgrade(self),
+            });
+        });
+        Ok(slot)
+    }
+
+    fn forget_slot(&self, slot: u32) {
+        self.claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&s| s != slot);
+        let t = &self.map.threads()[slot as usize];
+        t.state.store(FREE, Ordering::Release);
+        t.pin.store(0, Ordering::Release);
+        t.claim.store(0, Ordering::Release);
+    }
+
+    /// A thread is gone: its slot goes back.
+    fn release_slot(self: &Arc<Self>, slot: u32) {
+        let _ = self.control(&Msg::new(kind::RELEASE, &[u64::from(slot)]), None);
+        self.forget_slot(slot);
+    }
+
+    /// Sends a request through this thread's mailbox and waits for the answer.
+    pub(crate) fn call(
+        self: &Arc<Self>,
+        request: &[u64; MAIL_WORDS],
+    ) -> Result<[u64; MAIL_WORDS], Error> {
+        let slot = self.slot()?;
+        let t = &self.map.threads()[slot as usize];
+        let mut generation = self.generation.load(Ordering::Acquire);
+        mailbox::write_request(t, request);
+        t.seq.fetch_add(1, Ordering::Relaxed);
+        t.state.store(SUBMITTED, Ordering::Release);
+        mailbox::wake(&t.state);
+        let asked = Instant::now();
+        let mut said = false;
+        loop {
+            let state = t.state.load(Ordering::Acquire);
+            if !said && asked.elapsed() > SLOW_REQUEST {
+                // Not an error (a large write-back can take this long), but a hang must be
+                // diagnosable: say where the request stands.
+                said = true;
+                eprintln!(
+                    "foliocache: shared cache {}: request {} in thread slot {slot} waiting {:?}: \
+                     state {state}, claim {:#x}, staging {}, owner pid {}",
+                    self.name(),
+                    request[at::OP],
+                    asked.elapsed(),
+                    t.claim.load(Ordering::Relaxed),
+                    t.staging.load(Ordering::Relaxed),
+                    self.map.live().owner_pid.load(Ordering::Relaxed)
+                );
+            }
+            if state == DONE {
+                let reply = mailbox::read_reply(t);
+                t.state.store(FREE, Ordering::Release);
+                return Ok(reply);
+            }
+            mailbox::wait(&t.state, state, OWNER_CHECK);
+            if t.state.load(Ordering::Acquire) == state && self.owner_gone() {
+                // The request stays in the slot: the next owner runs it (again, if the dead
+                // one had started it).
+                self.recover(generation)?;
+                generation = self.generation.load(Ordering::Acquire);
+            }
+        }
+    }
+
+    /// The staging folio of this thread's slot: its id and order.
+    pub(crate) fn staging(self: &Arc<Self>) -> Result<(u32, u32, usize), Error> {
+        let slot = self.slot()?;
+        let t: &ThreadSlot = &self.map.threads()[slot as usize];
+        let pfn = t.staging.load(Ordering::Acquire);
+        let order = t.staging_order.load(Ordering::Acquire).min(9);
+        Ok((pfn, order, crate::mem::PAGE_SIZE << order))
+    }
+
+    fn folio_view(&self) -> FolioView<'_> {
+        self.map.folio_view(self.policy)
+    }
+
+    /// Opens `path` (the client opens it itself: the kernel checks its permission), then has
+    /// the owner serve it.
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        path: &Path,
+        write: bool,
+        create: bool,
+        max_order: Option<u8>,
+    ) -> Result<Arc<ClientFile>, Error> {
+        let fd: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .create(create && write)
+            .truncate(false)
+            .open(path)
+            .map_err(|source| Error::Open {
+                path: path.to_owned(),
+                source,
+            })?
+            .into();
+        let file = Arc::new(ClientFile {
+            attachment: Arc::clone(self),
+            fd,
+            path: path.to_owned(),
+            record: AtomicU32::new(u32::MAX),
+            generation: AtomicU32::new(0),
+            max_order: AtomicU32::new(0),
+            write,
+            want_order: max_order,
+        });
+        let (answer, _) = self
+            .control(&file.open_message(), Some(file.fd.as_fd()))
+            .map_err(|e| match e {
+                Error::Shared { reason, .. } => Error::Open {
+                    path: path.to_owned(),
+                    source: std::io::Error::other(reason),
+                },
+                other => other,
+            })?;
+        file.bind(&answer)?;
+        self.files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Arc::downgrade(&file));
+        Ok(file)
+    }
+}
+
+/// A thread's claimed slots, one per attachment; given back when the thread exits.
+#[derive(Default)]
+struct Claims(Vec<Claim>);
+
+struct Claim {
+    attachment: u64,
+    slot: u32,
+    owner: Weak<Attachment>,
+}
+
+impl Claims {
+    fn find(&self, attachment: u64) -> Option<u32> {
+        self.0
+            .iter()
+            .find(|c| c.attachment == attachment)
+            .map(|c| c.slot)
+    }
+}
+
+impl Drop for Claims {
+    fn drop(&mut self) {
+        for claim in self.0.drain(..) {
+            if let Some(attachment) = claim.owner.upgrade() {
+                attachment.release_slot(claim.slot);
+            }
+        }
+    }
+}
+
+std::thread_local! {
+    static CLAIMS: RefCell<Claims> = RefCell::new(Claims::default());
+}
+
+/// A file opened through a shared cache in this process.
+pub(crate) struct ClientFile {
+    attachment: Arc<Attachment>,
+    /// The client's own descriptor (its open is the permission check; the owner opens the
+    /// file again from it).
+    fd: OwnedFd,
+    path: PathBuf,
+    record: AtomicU32,
+    generation: AtomicU32,
+    max_order: AtomicU32,
+    write: bool,
+    want_order: Option<u8>,
+}
+
+impl std::fmt::Debug for ClientFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientFile")
+            .field("path", &self.path)
+            .field("record", &self.record)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a read found for one stretch of the file.
+enum Hit {
+    /// Bytes copied.
+    Copied(usize),
+    /// The owner must be asked (a miss, a folio not uptodate or marked for readahead).
+    Miss,
+}
+
+impl ClientFile {
+    fn open_message(&self) -> Msg {
+        Msg::new(
+            kind::OPEN,
+            &[
+                u64::from(self.write),
+                self.want_order.map_or(0, |o| u64::from(o) + 1),
+                0,
+            ],
+        )
+    }
+
+    /// Takes the owner's answer to an open: the file's record and generation.
+    fn bind(&self, answer: &Msg) -> Result<(), Error> {
+        let name = self.attachment.name();
+        let bad = || shared_error(name, "the owner's answer to an open is malformed");
+        let record = answer.word(0).map_err(|_| bad())?;
+        if record >= self.attachment.map.files().len() as u64 {
+            return Err(bad());
+        }
+        self.record.store(record as u32, Ordering::Release);
+        self.generation
+            .store(answer.word(1).map_err(|_| bad())? as u32, Ordering::Release);
+        self.max_order.store(
+            answer.word(2).map_err(|_| bad())?.min(9) as u32,
+            Ordering::Release,
+        );
+        Ok(())
+    }
+
+    pub(crate) fn is_writable(&self) -> bool {
+        self.write
+    }
+
+    pub(crate) fn max_order(&self) -> u8 {
+        self.max_order.load(Ordering::Relaxed) as u8
+    }
+
+    pub(crate) fn attachment(&self) -> &Arc<Attachment> {
+        &self.attachment
+    }
+
+    /// Where a new handle starts in the file's writeback errors (the kernel's
+    /// `errseq_sample`: 0 while the current error is unseen, so the handle reports it).
+    pub(crate) fn errseq_now(&self) -> u32 {
+        let (record, _) = self.ids();
+        let now = self.attachment.map.files()[record]
+            .errseq
+            .load(Ordering::Acquire);
+        if now & crate::wbstate::ERRSEQ_SEEN == 0 {
+            0
+        } else {
+            now
+        }
+    }
+
+    /// A change with no data (set_len, fallocate, punch_hole).
+    pub(crate) fn change(&self, op: u64, a: u64, b: u64) -> Result<(), Error> {
+        self.simple(op, a, b, 0).map(|_| ())
+    }
+
+    fn ids(&self) -> (usize, u32) {
+        (
+            self.record.load(Ordering::Acquire) as usize,
+            self.generation.load(Ordering::Acquire),
+        )
+    }
+
+    /// The file's size, from its record.
+    pub(crate) fn size(&self) -> u64 {
+        let (record, _) = self.ids();
+        self.attachment.map.files()[record]
+            .size
+            .load(Ordering::Acquire)
+    }
+
+    fn request(&self, op: u64) -> [u64; MAIL_WORDS] {
+        let (record, generation) = self.ids();
+        let mut words = [0u64; MAIL_WORDS];
+        words[at::OP] = op;
+        words[at::RECORD] = record as u64;
+        words[at::GENERATION] = u64::from(generation);
+        words
+    }
+
+    /// A request's answer, or its error.
+    fn call(&self, request: &[u64; MAIL_WORDS]) -> Result<[u64; MAIL_WORDS], Error> {
+        let reply = self.attachment.call(request)?;
+        let result = reply[at::RESULT] as i64;
+        if result < 0 {
+            return Err(mailbox::decode_error(
+                (-result) as i32,
+                reply[at::ERROR_KIND],
+                request[at::A],
+                request[at::B],
+            ));
+        }
+        Ok(reply)
+    }
+
+    /// Copies what the cache holds of `pos..pos + dst.len()` into `dst`, from `pos` on, until
+    /// the first page it cannot serve alone.
+    fn copy_hits(&self, pos: u64, dst: &mut [u8]) -> Result<Hit, Error> {
+        let attachment = &self.attachment;
+        let slot = attachment.slot()?;
+        let t = &attachment.map.threads()[slot as usize];
+        let (record, _) = self.ids();
+        let index = &attachment.views[record];
+        let view = attachment.folio_view();
+        // Taken before the lookup: nothing found from here on is reused until it is dropped.
+        let pin = ExternalGuard::new(&t.pin, &attachment.map.live().epoch);
+        let mut cursor = index.cursor();
+        let mut done = 0usize;
+        let mut entry = cursor.load((pos) >> PAGE_SHIFT);
+        while done < dst.len() {
+            let at_byte = pos + done as u64;
+            let Some(Entry::Folio {
+                id, zeros: false, ..
+            }) = entry
+            else {
+                break;
+            };
+            let mut copied = None;
+            for _ in 0..HIT_TRIES {
+                let Some(peek) = view.peek_begin(id) else {
+                    break;
+                };
+                if peek.flags() & flag::READAHEAD != 0 {
+                    break;
+                }
+                let folio_first = cursor.first() << PAGE_SHIFT;
+                let offset = (at_byte - folio_first) as usize;
+                let folio_len = (crate::mem::PAGE_SIZE as u64) << entry_order(entry);
+                let n = ((folio_len as usize).saturating_sub(offset)).min(dst.len() - done);
+                if n == 0 {
+                    break;
+                }
+                if view.peek_copy(&pin, &peek, offset, &mut dst[done..done + n])
+                    && cursor.reload() == entry
+                    && view.peek_valid(&peek)
+                {
+                    view.mark_accessed(&peek);
+                    copied = Some(n);
+                    break;
+                }
+            }
+            let Some(n) = copied else {
+                break;
+            };
+            done += n;
+            if done < dst.len() {
+                entry = cursor.load_next();
+            }
+        }
+        drop(cursor);
+        drop(pin);
+        Ok(if done == 0 {
+            Hit::Miss
+        } else {
+            Hit::Copied(done)
+        })
+    }
+
+    /// Reads up to `buf.len()` bytes at `pos` with the handle's readahead state `ra`.
+    pub(crate) fn read_at(
+        &self,
+        ra: &mut RaState,
+        buf: &mut [u8],
+        pos: u64,
+    ) -> Result<usize, Error> {
+        let size = self.size();
+        if buf.is_empty() || pos >= size {
+            return Ok(0);
+        }
+        let len = (size - pos).min(buf.len() as u64) as usize;
+        let mut done = 0;
+        while done < len {
+            let at_byte = pos + done as u64;
+            match self.copy_hits(at_byte, &mut buf[done..len])? {
+                Hit::Copied(n) => {
+                    done += n;
+                    continue;
+                }
+                Hit::Miss => {}
+            }
+            let (pfn, order, room) = self.attachment.staging()?;
+            let want = (len - done).min(room);
+            let mut request = self.request(op::READ);
+            request[at::A] = at_byte;
+            request[at::B] = want as u64;
+            mailbox::put_ra(&mut request, ra);
+            let reply = match self.call(&request) {
+                Ok(reply) => reply,
+                Err(Error::Io { len, source, .. }) if done > 0 => {
+                    // Bytes before the failure were read: report them as the private path
+                    // does (the error's offset is the first byte not read).
+                    return Err(Error::Io {
+                        offset: at_byte,
+                        len,
+                        source,
+                    });
+                }
+                Err(e) => return Err(e),
+            };
+            *ra = mailbox::get_ra(&reply, self.attachment.max_ra_pages);
+            let got = (reply[at::RESULT] as usize).min(want);
+            if got == 0 {
+                break; // end of file (the file shrank meanwhile)
+            }
+            if !self
+                .attachment
+                .map
+                .copy_out(pfn, order, 0, &mut buf[done..done + got])
+            {
+                return Err(Error::SharedMapping(
+                    "the thread's staging folio lies outside the arena".to_owned(),
+                ));
+            }
+            done += got;
+        }
+        if done > 0 {
+            ra.prev_pos = (pos + done as u64) as i64;
+        }
+        Ok(done)
+    }
+
+    /// Writes all of `data` at `pos` through the owner.
+    pub(crate) fn write_at(&self, data: &[u8], pos: u64) -> Result<usize, Error> {
+        if !self.write {
+            return Err(Error::ReadOnly);
+        }
+        let mut done = 0;
+        while done < data.len() {
+            let (pfn, order, room) = self.attachment.staging()?;
+            let n = (data.len() - done).min(room);
+            if !self
+                .attachment
+                .map
+                .copy_in(pfn, order, 0, &data[done..done + n])
+            {
+                return Err(Error::SharedMapping(
+                    "the thread's staging folio lies outside the arena".to_owned(),
+                ));
+            }
+            let mut request = self.request(op::WRITE);
+            request[at::A] = pos + done as u64;
+            request[at::B] = n as u64;
+            let reply = self.call(&request)?;
+            let wrote = (reply[at::RESULT] as usize).min(n);
+            done += wrote;
+            if wrote < n {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// A request with up to three arguments and no data.
+    pub(crate) fn simple(
+        &self,
+        op: u64,
+        a: u64,
+        b: u64,
+        c: u64,
+    ) -> Result<[u64; MAIL_WORDS], Error> {
+        let mut request = self.request(op);
+        request[at::A] = a;
+        request[at::B] = b;
+        request[at::C] = c;
+        self.call(&request)
+    }
+
+    /// Forced readahead of `offset..offset + len` with the handle's state.
+    pub(crate) fn readahead(&self, ra: &mut RaState, offset: u64, len: u64) -> Result<(), Error> {
+        let mut request = self.request(op::READAHEAD);
+        request[at::A] = offset;
+        request[at::B] = len;
+        mailbox::put_ra(&mut request, ra);
+        let reply = self.call(&request)?;
+        *ra = mailbox::get_ra(&reply, self.attachment.max_ra_pages);
+        Ok(())
+    }
+
+    /// A sync (`mode`: 0 all, 1 data, 2 + flags a range) from the handle's errseq cursor.
+    pub(crate) fn sync(
+        &self,
+        mode: u64,
+        offset: u64,
+        len: u64,
+        since: &mut u32,
+    ) -> Result<(), Error> {
+        let mut request = self.request(op::SYNC);
+        request[at::A] = mode;
+        request[at::B] = offset;
+        request[at::C] = len;
+        request[at::C + 1] = u64::from(*since);
+        let reply = self.attachment.call(&request)?;
+        *since = reply[at::VALUE] as u32;
+        let result = reply[at::RESULT] as i64;
+        if result < 0 {
+            return Err(mailbox::decode_error(
+                (-result) as i32,
+                reply[at::ERROR_KIND],
+                offset,
+                len,
+            ));
+        }
+        Ok(())
+    }
+
+    /// A file operation through the control connection: `[op, a, b]`, answered with words and
+    /// a text.
+    pub(crate) fn file_op(&self, op: u64, a: u64, b: u64) -> Result<Msg, Error> {
+        let (record, generation) = self.ids();
+        let (answer, _) = self.attachment.control(
+            &Msg::new(
+                kind::FILE_OP,
+                &[record as u64, u64::from(generation), op, a, b],
+            ),
+            None,
+        )?;
+        Ok(answer)
+    }
+}
+
+impl Drop for ClientFile {
+    fn drop(&mut self) {
+        let (record, generation) = self.ids();
+        if record != u32::MAX as usize {
+            let _ = self.attachment.control(
+                &Msg::new(kind::CLOSE, &[record as u64, u64::from(generation)]),
+                None,
+            );
+        }
+    }
+}
+
+fn entry_order(entry: Option<Entry>) -> u8 {
+    entry.map_or(0, Entry::order)
+}
+
+/// Connects to the owner of `paths`' cache, starting one if none answers: the hello and its
+/// welcome, and the memfd the owner sends.
+fn connect_or_start(
+    paths: &Paths,
+    settings: &[u64; SETTINGS_WORDS],
+    program: Option<&Path>,
+    memfd: Option<&OwnedFd>,
+) -> Result<(Conn, Msg, Option<OwnedFd>), Error> {
+    let name = &paths.name;
+    let deadline = Instant::now() + runtime::START_TIMEOUT;
+    let mut started = false;
+    let mut last_error: String;
+    loop {
+        match Conn::connect(&paths.sock) {
+            Ok(conn) => {
+                let pid = std::process::id();
+                let hello = Msg::new(
+                    kind::HELLO,
+                    &[
+                        wire::PROTOCOL,
+                        u64::from(pid),
+                        runtime::start_time(pid).unwrap_or(0),
+                        memfd.map_or(u64::MAX, |fd| fd.as_raw_fd() as u64),
+                    ],
+                );
+                match conn.call(&hello, None) {
+                    Ok((welcome, fd)) if welcome.kind == kind::WELCOME => {
+                        return Ok((conn, welcome, fd));
+                    }
+                    Ok((other, _)) => {
+                        return Err(shared_error(
+                            name,
+                            format!("the owner answered a hello with message {}", other.kind),
+                        ));
+                    }
+                    Err(e) => last_error = e.to_string(),
+                }
+            }
+            Err(e) => {
+                last_error = e.to_string();
+                if !started
+                    && matches!(
+                        e.kind(),
+                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                    )
+                {
+                    start_owner(paths, settings, program, memfd)?;
+                    started = true;
+                    continue;
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(shared_error(
+                name,
+                format!(
+                    "no owner answered within {} s (last: {last_error}; see {})",
+                    runtime::START_TIMEOUT.as_secs(),
+                    paths.log.display()
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Starts an owner for `paths`' cache: the owner program, told the settings, handed `memfd`
+/// if this process holds the cache already (a takeover), and waited for until it says it is
+/// ready (or that another owner already runs, or why it failed).
+fn start_owner(
+    paths: &Paths,
+    settings: &[u64; SETTINGS_WORDS],
+    program: Option<&Path>,
+    memfd: Option<&OwnedFd>,
+) -> Result<(), Error> {
+    let name = &paths.name;
+    let program = runtime::owner_program(name, program)?;
+    let (ours, theirs) = Conn::pair().map_err(|e| io_error(name, "socketpair", e))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&paths.log)
+        .map_err(|e| io_error(name, &format!("cannot open {}", paths.log.display()), e))?;
+    let words: Vec<String> = settings.iter().map(|w| format!("{w:x}")).collect();
+    let mut child = std::process::Command::new(&program)
+        .arg(name)
+        .env("FOLIOCACHE_OWNER_SETTINGS", words.join(","))
+        .env("FOLIOCACHE_RUNTIME_DIR", &paths.dir)
+        .stdin(std::process::Stdio::from(theirs.into_fd()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(log))
+        .spawn()
+        .map_err(|e| io_error(name, &format!("cannot start {}", program.display()), e))?;
+    // The program starts its real self detached and returns at once.
+    let _ = child.wait();
+    let start = Msg::new(kind::HELLO, &[wire::PROTOCOL, u64::from(memfd.is_some())]);
+    ours.send(&start, memfd.map(AsFd::as_fd))
+        .map_err(|e| io_error(name, "cannot hand the owner its start", e))?;
+    match ours.recv() {
+        Ok(Some((msg, _))) if msg.kind == kind::OK => Ok(()),
+        Ok(Some((msg, _))) if msg.kind == kind::ERROR => Err(shared_error(
+            name,
+            format!("the owner could not start: {}", msg.text),
+        )),
+        Ok(_) => Err(shared_error(
+            name,
+            format!(
+                "the owner ended before it was ready (see {})",
+                paths.log.display()
+            ),
+        )),
+        Err(e) => Err(io_error(name, "waiting for the owner to start", e)),
+    }
+}
