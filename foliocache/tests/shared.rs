@@ -1,0 +1,563 @@
+//! The shared cache with real processes (`docs/SHARED.md`): coherence between processes under
+//! a byte model, a kill storm, the owner's death, and who may attach.
+//!
+//! Each test runs workers as child processes of this test binary (`FOLIOCACHE_CHILD` names
+//! their role), attached to one shared cache whose owner (`foliocache-owner`) the first of
+//! them starts. The model lives in a shared file mapping of its own (not the cache's): per
+//! page, the last write sequence started and the last one that returned. A page's bytes are
+//! 8-byte words `seq << 20 | page`, so any word read says which write it came from.
+//!
+//! The rule checked (the kernel's page cache's): a read that starts after a write returned sees
+//! that write or a later one, never an older one, and never a write not yet started.
+
+mod common;
+
+use foliocache::{Cache, CacheCommand, EngineKind, OpenOptions, Policy, RefcountPolicy};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PAGES: u64 = 64;
+const PAGE: u64 = 4096;
+/// The model's words: per page `started`, `done`; then per worker slot a heartbeat.
+const SLOTS: usize = 8;
+
+fn word(seq: u64, page: u64) -> u64 {
+    seq << 20 | page
+}
+
+/// The model: a file mapping shared by the test and its workers.
+struct Model {
+    words: &'static [AtomicU64],
+}
+
+impl Model {
+    fn create(path: &Path) -> Self {
+        let len = (2 * PAGES as usize + SLOTS + 1) * 8;
+        std::fs::write(path, vec![0u8; len]).unwrap();
+        Self::open(path)
+    }
+
+    fn open(path: &Path) -> Self {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        let len = file.metadata().unwrap().len() as usize;
+        // SAFETY: a shared mapping of a file of `len` bytes, kept for the process's life
+        // (leaked); it is only ever used as atomics.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        // SAFETY: the mapping is `len` bytes, page aligned, and lives forever.
+        let words = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU64>(), len / 8) };
+        Self { words }
+    }
+
+    fn started(&self, page: u64) -> &AtomicU64 {
+        &self.words[page as usize]
+    }
+
+    fn done(&self, page: u64) -> &AtomicU64 {
+        &self.words[(PAGES + page) as usize]
+    }
+
+    fn heartbeat(&self, slot: usize) -> &AtomicU64 {
+        &self.words[2 * PAGES as usize + slot]
+    }
+
+    fn stop(&self) -> &AtomicU64 {
+        &self.words[2 * PAGES as usize + SLOTS]
+    }
+}
+
+/// One test's setting: a runtime directory of its own, a data file, the model, a cache name.
+struct Setup {
+    dir: PathBuf,
+    name: String,
+    refcount: RefcountPolicy,
+    engine: EngineKind,
+}
+
+impl Setup {
+    fn new(test: &str, refcount: RefcountPolicy, engine: EngineKind) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "fc-shared-{test}-{:?}-{:?}-{}",
+            refcount,
+            engine,
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut data = Vec::with_capacity((PAGES * PAGE) as usize);
+        for page in 0..PAGES {
+            for _ in 0..PAGE / 8 {
+                data.extend_from_slice(&word(0, page).to_le_bytes());
+            }
+        }
+        std::fs::write(dir.join("data"), data).unwrap();
+        Model::create(&dir.join("model"));
+        Self {
+            name: format!("t{}-{test}", std::process::id() % 100000),
+            dir,
+            refcount,
+            engine,
+        }
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            (
+                "FOLIOCACHE_RUNTIME_DIR".into(),
+                self.dir.join("rt").display().to_string(),
+            ),
+            ("FC_DIR".into(), self.dir.display().to_string()),
+            ("FC_NAME".into(), self.name.clone()),
+            ("FC_REFCOUNT".into(), format!("{:?}", self.refcount)),
+            ("FC_ENGINE".into(), format!("{:?}", self.engine)),
+        ]
+    }
+
+    /// Starts a worker child running `role` in slot `slot`.
+    fn spawn(&self, test: &str, role: &str, slot: usize, workers: usize) -> Child {
+        let exe = std::env::current_exe().unwrap();
+        Command::new(exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env("FOLIOCACHE_CHILD", role)
+            .env("FC_SLOT", slot.to_string())
+            .env("FC_WORKERS", workers.to_string())
+            .envs(self.env())
+            .spawn()
+            .unwrap()
+    }
+
+    fn admin(&self, command: CacheCommand) -> Result<String, foliocache::Error> {
+        // SAFETY (of the environment): the runtime directory is set before the call; tests
+        // in this binary that call this run their children with the same value.
+        with_runtime_dir(&self.dir.join("rt"), || {
+            foliocache::cache_command(&self.name, command)
+        })
+    }
+
+    /// The data file on storage, checked against the model: every word's write is between
+    /// the last that returned and the last that started.
+    fn check_storage(&self) {
+        let model = Model::open(&self.dir.join("model"));
+        let data = std::fs::read(self.dir.join("data")).unwrap();
+        assert_eq!(data.len() as u64, PAGES * PAGE);
+        for page in 0..PAGES {
+            let done = model.done(page).load(Ordering::Acquire);
+            let started = model.started(page).load(Ordering::Acquire);
+            let bytes = &data[(page * PAGE) as usize..((page + 1) * PAGE) as usize];
+            check_words(bytes, page, done, started, "storage after the final sync");
+        }
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = self.admin(CacheCommand::Destroy { force: true });
+        // FC_KEEP=1 keeps the directory (the owners' log is there).
+        if std::env::var_os("FC_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+static ENV_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn with_runtime_dir<T>(dir: &Path, f: impl FnOnce() -> T) -> T {
+    let _one = ENV_LOCK
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // SAFETY: the variable is only read by foliocache calls made under this same lock.
+    unsafe { std::env::set_var("FOLIOCACHE_RUNTIME_DIR", dir) };
+    f()
+}
+
+fn check_words(bytes: &[u8], page: u64, low: u64, high: u64, what: &str) {
+    for (i, chunk) in bytes.chunks_exact(8).enumerate() {
+        let w = u64::from_le_bytes(chunk.try_into().unwrap());
+        let (seq, p) = (w >> 20, w & 0xfffff);
+        assert!(
+            p == page && seq >= low && seq <= high,
+            "{what}: page {page} word {i} holds write {seq} of page {p}; the model allows \
+             writes {low}..={high} of page {page}"
+        );
+    }
+}
+
+/// A worker: attaches, then reads and writes random pages until told to stop (or killed).
+/// Writes go to the pages of its slot (page % workers == slot), so one process writes a page
+/// at a time; reads go anywhere and are checked against the model.
+fn worker() {
+    let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
+    let name = std::env::var("FC_NAME").unwrap();
+    let slot: usize = std::env::var("FC_SLOT").unwrap().parse().unwrap();
+    let workers: u64 = std::env::var("FC_WORKERS").unwrap().parse().unwrap();
+    let refcount = match std::env::var("FC_REFCOUNT").unwrap().as_str() {
+        "Cas" => RefcountPolicy::Cas,
+        _ => RefcountPolicy::FrozenBit,
+    };
+    let engine = match std::env::var("FC_ENGINE").unwrap().as_str() {
+        "Threads" => EngineKind::Threads,
+        _ => EngineKind::IoUring,
+    };
+    let model = Model::open(&dir.join("model"));
+    let cache = Cache::builder()
+        .capacity(32 << 20)
+        .policy(Policy {
+            refcount,
+            ..Policy::default()
+        })
+        .io_engine(engine)
+        .idle_timeout(Duration::from_secs(5))
+        .shared(name)
+        .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+        .build()
+        .expect("attach");
+    let file = cache
+        .open_with(dir.join("data"), OpenOptions::new().write(true))
+        .expect("open");
+    let mut handle = file.handle();
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id()) << 7;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut buf = vec![0u8; PAGE as usize];
+    let mut ops = 0u64;
+    while model.stop().load(Ordering::Acquire) == 0 {
+        let r = next();
+        match r % 16 {
+            0..=5 => {
+                let page = (r >> 8) % (PAGES / workers) * workers + slot as u64;
+                let seq = model.started(page).load(Ordering::Acquire) + 1;
+                model.started(page).store(seq, Ordering::Release);
+                for chunk in buf.chunks_exact_mut(8) {
+                    chunk.copy_from_slice(&word(seq, page).to_le_bytes());
+                }
+                let n = handle.write_at(&buf, page * PAGE).expect("write");
+                assert_eq!(n, PAGE as usize);
+                model.done(page).store(seq, Ordering::Release);
+            }
+            6 => handle.sync_data().expect("fsync"),
+            _ => {
+                // A read of one to three pages, from any process's pages.
+                let first = (r >> 8) % PAGES;
+                let count = (1 + (r >> 40) % 3).min(PAGES - first);
+                let low: Vec<u64> = (first..first + count)
+                    .map(|p| model.done(p).load(Ordering::Acquire))
+                    .collect();
+                let mut bytes = vec![0u8; (count * PAGE) as usize];
+                let n = handle.read_at(&mut bytes, first * PAGE).expect("read");
+                assert_eq!(n, bytes.len());
+                for (i, page) in (first..first + count).enumerate() {
+                    let high = model.started(page).load(Ordering::Acquire);
+                    check_words(
+                        &bytes[i * PAGE as usize..(i + 1) * PAGE as usize],
+                        page,
+                        low[i],
+                        high,
+                        "a read",
+                    );
+                }
+            }
+        }
+        ops += 1;
+        model.heartbeat(slot).fetch_add(1, Ordering::Relaxed);
+    }
+    println!("worker {slot}: {ops} operations");
+}
+
+fn child_entry() -> bool {
+    match common::child_role().as_deref() {
+        Some("worker") => {
+            worker();
+            true
+        }
+        Some("other-user") => {
+            let name = std::env::var("FC_NAME").unwrap();
+            match Cache::builder()
+                .capacity(32 << 20)
+                .shared(name)
+                .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+                .build()
+            {
+                Ok(_) => {
+                    eprintln!("another user attached");
+                    std::process::exit(1);
+                }
+                Err(e) => {
+                    println!("refused: {e}");
+                    std::process::exit(0);
+                }
+            }
+        }
+        Some(_) => true,
+        None => false,
+    }
+}
+
+fn combos() -> Vec<(RefcountPolicy, EngineKind)> {
+    vec![
+        (RefcountPolicy::FrozenBit, EngineKind::IoUring),
+        (RefcountPolicy::Cas, EngineKind::Threads),
+        (RefcountPolicy::FrozenBit, EngineKind::Threads),
+        (RefcountPolicy::Cas, EngineKind::IoUring),
+    ]
+}
+
+/// Waits for every child, failing on any that did not exit cleanly or took too long.
+fn join_all(children: Vec<Child>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    for mut child in children {
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                assert!(status.success(), "a worker failed: {status}");
+                break;
+            }
+            if Instant::now() > deadline {
+                if let Some(secs) = std::env::var("FC_HANG_WAIT")
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                {
+                    eprintln!("HUNG worker pid {}", child.id());
+                    std::thread::sleep(Duration::from_secs(secs));
+                }
+                let _ = child.kill();
+                panic!("a worker hung (still running {limit:?} after the stop)");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+#[test]
+fn processes_see_each_others_writes() {
+    if child_entry() {
+        return;
+    }
+    let phase = common::stress_duration().max(Duration::from_millis(500)) / 4;
+    for (i, (refcount, engine)) in combos().into_iter().enumerate() {
+        let workers = 2 + i % 3;
+        let setup = Setup::new("coherence", refcount, engine);
+        let children: Vec<Child> = (0..workers)
+            .map(|slot| setup.spawn("processes_see_each_others_writes", "worker", slot, workers))
+            .collect();
+        std::thread::sleep(phase + Duration::from_millis(300));
+        Model::open(&setup.dir.join("model"))
+            .stop()
+            .store(1, Ordering::Release);
+        join_all(children, Duration::from_secs(30));
+        setup.admin(CacheCommand::Sync).expect("sync");
+        setup.check_storage();
+        println!("{refcount:?} {engine:?} with {workers} processes: coherent");
+    }
+}
+
+#[test]
+fn kill_storm() {
+    if child_entry() {
+        return;
+    }
+    let duration = common::stress_duration().max(Duration::from_secs(1));
+    for (refcount, engine) in combos().into_iter().take(2) {
+        let setup = Setup::new("storm", refcount, engine);
+        let workers = 4;
+        let model = Model::open(&setup.dir.join("model"));
+        let mut children: Vec<Child> = (0..workers)
+            .map(|slot| setup.spawn("kill_storm", "worker", slot, workers))
+            .collect();
+        let start = Instant::now();
+        let mut rng = 12345u64;
+        let mut kills = 0;
+        while start.elapsed() < duration {
+            rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            std::thread::sleep(Duration::from_millis(5 + (rng >> 33) % 40));
+            let slot = (rng >> 20) as usize % workers;
+            let child = &mut children[slot];
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("worker {slot} ended by itself: {status}");
+            }
+            let pid = child.id();
+            let _ = child.kill();
+            let _ = child.wait();
+            kills += 1;
+            // The owner finishes a dead process's request in flight before it forgets the
+            // process: a replacement writing the same pages waits for that (see
+            // docs/SHARED.md, "A client's death").
+            wait_detached(&setup, pid);
+            children[slot] = setup.spawn("kill_storm", "worker", slot, workers);
+        }
+        let beats: u64 = (0..workers)
+            .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
+            .sum();
+        model.stop().store(1, Ordering::Release);
+        join_all(children, Duration::from_secs(30));
+        setup.admin(CacheCommand::Sync).expect("sync");
+        setup.check_storage();
+        println!("{refcount:?} {engine:?}: {kills} kills, {beats} operations, storage matches");
+        assert!(beats > 0, "the workers made no progress");
+    }
+}
+
+/// Waits until the owner no longer lists `pid` among the attached processes.
+fn wait_detached(setup: &Setup, pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = setup.admin(CacheCommand::Status).unwrap_or_default();
+        let listed = status
+            .split("\"processes\":[")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .is_some_and(|list| list.split(',').any(|p| p == pid.to_string()));
+        if !listed {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the owner never noticed process {pid} died"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The owner's pid, from the cache's status.
+fn owner_pid(setup: &Setup) -> Option<i32> {
+    let status = setup.admin(CacheCommand::Status).ok()?;
+    status
+        .split("\"owner_pid\":")
+        .nth(1)?
+        .split(',')
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn owner_killed_while_processes_read_and_write() {
+    if child_entry() {
+        return;
+    }
+    let duration = common::stress_duration().max(Duration::from_secs(1));
+    for (refcount, engine) in combos().into_iter().take(2) {
+        let setup = Setup::new("owner", refcount, engine);
+        let workers = 3;
+        let model = Model::open(&setup.dir.join("model"));
+        let children: Vec<Child> = (0..workers)
+            .map(|slot| {
+                setup.spawn(
+                    "owner_killed_while_processes_read_and_write",
+                    "worker",
+                    slot,
+                    workers,
+                )
+            })
+            .collect();
+        let start = Instant::now();
+        let mut kills = 0;
+        let mut owners = std::collections::HashSet::new();
+        while start.elapsed() < duration {
+            std::thread::sleep(Duration::from_millis(150));
+            if let Some(pid) = owner_pid(&setup) {
+                owners.insert(pid);
+                // SAFETY: a plain kill(2) of the owner process this test's workers started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                kills += 1;
+            }
+        }
+        let before = (0..workers)
+            .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
+            .sum::<u64>();
+        std::thread::sleep(Duration::from_millis(300));
+        let after = (0..workers)
+            .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
+            .sum::<u64>();
+        model.stop().store(1, Ordering::Release);
+        join_all(children, Duration::from_secs(30));
+        setup.admin(CacheCommand::Sync).expect("sync");
+        setup.check_storage();
+        println!(
+            "{refcount:?} {engine:?}: owner killed {kills} times ({} owners), {after} operations, \
+             storage matches",
+            owners.len()
+        );
+        assert!(
+            after > before,
+            "the workers stopped making progress after the owner's deaths"
+        );
+        assert!(kills > 0);
+    }
+}
+
+#[test]
+fn another_user_cannot_attach() {
+    if child_entry() {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        common::skip("needs root, to run a process as another user");
+        return;
+    }
+    let setup = Setup::new("uid", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    // The cache runs, attached by this process.
+    let cache = with_runtime_dir(&setup.dir.join("rt"), || {
+        Cache::builder()
+            .capacity(32 << 20)
+            .shared(setup.name.clone())
+            .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+            .build()
+    })
+    .expect("attach");
+    // The test directory must be reachable by the other user (the runtime directory inside
+    // it stays 0700).
+    std::fs::set_permissions(
+        &setup.dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "another_user_cannot_attach",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("FOLIOCACHE_CHILD", "other-user")
+        .envs(setup.env())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && text.contains("Permission denied") && !text.contains("refused") {
+        common::skip("the test binary is not readable by another user here");
+        return;
+    }
+    assert!(out.status.success(), "another user attached: {text}");
+    assert!(text.contains("refused"), "{text}");
+    println!(
+        "{}",
+        text.lines().find(|l| l.contains("refused")).unwrap_or("")
+    );
+    drop(cache);
+}
