@@ -2,6 +2,7 @@
 //! replay` shows readahead on a trace; `fcache ra-diff` compares it with the running kernel's.
 
 mod bench;
+mod cachecmd;
 mod radiff;
 mod replay;
 mod run;
@@ -34,6 +35,8 @@ enum Command {
     /// Run a command with the preload library: it reads the files under --paths through a
     /// private foliocache (`fcache run --paths DIR -- sqlite3 DIR/db.sqlite`).
     Run(run::RunArgs),
+    /// A shared cache (`Cache::builder().shared(NAME)`): `status`, `drop`, `sync`, `destroy`.
+    Cache(cachecmd::CacheArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Replay(args) => replay::run(&args),
         Command::RaDiff(args) => radiff::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Cache(args) => cachecmd::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

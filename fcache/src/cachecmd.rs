@@ -1,0 +1,98 @@
+//! `fcache cache {status,drop,sync,destroy} NAME`: a running shared cache, asked through its
+//! owner's control socket (never starting one).
+
+use foliocache::{CacheCommand, cache_command};
+
+#[derive(clap::Args)]
+pub(crate) struct CacheArgs {
+    #[command(subcommand)]
+    action: Action,
+}
+
+#[derive(clap::Subcommand)]
+enum Action {
+    /// What the cache holds: size, free, dirty, under writeback, attached processes, files
+    /// and their resident ranges (`--json` for the owner's answer as it is).
+    Status {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drop every clean page (dirty pages and pages in use stay), like drop_caches.
+    Drop { name: String },
+    /// Write every dirty page back.
+    Sync { name: String },
+    /// Write back, then stop the owner (the memory is freed once no process holds it).
+    Destroy {
+        name: String,
+        /// Even with processes attached.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+pub(crate) fn run(args: &CacheArgs) -> Result<(), String> {
+    let (name, command, json) = match &args.action {
+        Action::Status { name, json } => (name, CacheCommand::Status, *json),
+        Action::Drop { name } => (name, CacheCommand::Drop, false),
+        Action::Sync { name } => (name, CacheCommand::Sync, false),
+        Action::Destroy { name, force } => (name, CacheCommand::Destroy { force: *force }, false),
+    };
+    let answer = cache_command(name, command).map_err(|e| e.to_string())?;
+    if command == CacheCommand::Status && !json {
+        print_status(&answer).map_err(|e| format!("the owner's status is malformed: {e}"))?;
+    } else {
+        println!("{answer}");
+    }
+    Ok(())
+}
+
+fn print_status(json: &str) -> Result<(), serde_json::Error> {
+    let v: serde_json::Value = serde_json::from_str(json)?;
+    let pages = |k: &str| v[k].as_u64().unwrap_or(0);
+    let page = pages("page_size").max(1);
+    let mib = |p: u64| p * page / (1 << 20);
+    println!(
+        "shared cache {}: owner pid {} (generation {}), mapping {} MiB, page {} KiB, shmem huge pages: {}",
+        v["name"].as_str().unwrap_or("?"),
+        v["owner_pid"],
+        v["owner_generation"],
+        pages("mapping_bytes") >> 20,
+        page >> 10,
+        v["shmem_huge_pages"].as_str().unwrap_or("?")
+    );
+    println!(
+        "  pages: {} total, {} free ({} MiB), {} dirty, {} under writeback",
+        pages("total_pages"),
+        pages("free_pages"),
+        mib(pages("free_pages")),
+        pages("dirty_pages"),
+        pages("writeback_pages")
+    );
+    println!("  attached processes: {}", v["processes"]);
+    println!(
+        "  writers outside the cache: {}",
+        v["outside_writers"].as_str().unwrap_or("?")
+    );
+    let files = v["files"].as_array().cloned().unwrap_or_default();
+    println!("  {} files:", files.len());
+    println!(
+        "  {:>12} {:>10} {:>8}  path  (resident ranges: first page+pages)",
+        "size", "cached", "dirty"
+    );
+    for f in files {
+        let ranges: Vec<String> = f["ranges"]
+            .as_array()
+            .map(|r| r.iter().map(|p| format!("{}+{}", p[0], p[1])).collect())
+            .unwrap_or_default();
+        println!(
+            "  {:>12} {:>10} {:>8}  {}  [{}]",
+            f["size"],
+            f["cached_pages"],
+            f["dirty_pages"],
+            f["path"].as_str().unwrap_or("?"),
+            ranges.join(" ")
+        );
+    }
+    Ok(())
+}
