@@ -28,9 +28,10 @@ pub(crate) mod node;
 pub(crate) mod reclaim;
 
 use crate::error::Error;
+use crate::mem::NODE_ROOM;
 use crate::mem::NodeMeter;
 #[cfg(not(loom))]
-use crate::mem::nodes::{NODE_ROOM, NodeSpace};
+use crate::mem::nodes::NodeSpace;
 use crate::mem::word::Word;
 use crate::sync::unmodelled::{AtomicUsize as StatUsize, Ordering as StatOrdering};
 use crate::sync::{AtomicUsize, Mutex, MutexGuard, Ordering};

@@ -81,6 +81,10 @@ pub(crate) const PAGE_SHIFT: u32 = 12;
 /// The largest folio order (2 MiB folios), as the kernel's PMD order on x86-64.
 pub const MAX_ORDER: u8 = 9;
 
+/// Bytes of room one index node takes in a shared cache's arena page (`nodes`; the index checks
+/// that its node fits). Part of the shared mapping's layout.
+pub(crate) const NODE_ROOM: usize = 576;
+
 /// The memory of one cache: arena, allocator and descriptors.
 #[derive(Debug)]
 pub(crate) struct Memory {

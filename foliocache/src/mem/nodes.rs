@@ -7,8 +7,7 @@
 //! against the space before it is used (`index::Index::node_at`). `docs/SHARED.md`,
 //! "Addressing: offsets, not a fixed address".
 
-/// Bytes of room one index node takes (the index checks that its node fits).
-pub(crate) const NODE_ROOM: usize = 576;
+use super::NODE_ROOM;
 
 /// Where a shared index's nodes live (see the module documentation).
 pub(crate) trait NodeSpace: Send + Sync + std::fmt::Debug {

@@ -24,7 +24,7 @@
 //! in the arena, files are record numbers.
 
 use super::folio::FolioDesc;
-use super::{PAGE_SIZE, nodes::NODE_ROOM};
+use super::{NODE_ROOM, PAGE_SIZE};
 use crate::error::Error;
 use std::os::fd::{AsFd, OwnedFd};
 use std::ptr::NonNull;
