@@ -1118,8 +1118,10 @@ impl Cache {
         }
     }
 
-    /// Opens a file from a descriptor the caller opened and lends to the cache (see
-    /// [`Local::open_descriptor`]; not offered by a shared cache).
+    /// Opens a file from a descriptor the caller opened and lends to the cache: the file is
+    /// read (and, with [`OpenOptions::write`], written) through it, and
+    /// [`File::detach_descriptor`] hands it back. Refused with the descriptor when the cache
+    /// has the file open already. Not offered by a shared cache.
     pub fn open_descriptor(
         &self,
         fd: std::os::fd::OwnedFd,
