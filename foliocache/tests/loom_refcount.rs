@@ -105,65 +105,210 @@ fn put_vs_try_get_frees_exactly_once() {
     }
 }
 
-/// The ABA interleaving from seed 002's review, in this design.
-///
-/// T1 drops the last reference (1 → 0) and is delayed before its 0 → FROZEN compare-exchange.
-/// T2 takes a speculative reference (0 → 1), drops it, wins its own compare-exchange and frees
-/// the folio; the folio is allocated again (`init`, count 1: a new life), and its new owner
-/// drops that reference too (1 → 0). Now T1 resumes: its compare-exchange 0 → FROZEN can
-/// succeed, so T1, not the new owner, frees the folio's *second* life.
-///
-/// In the kernel the worry is that T1 would then run the *first* owner's destructor on a page
-/// that changed identity. Here that cannot go wrong: the free path (`Memory::free_frozen`)
-/// takes nothing from the caller; it reads the folio's order from the descriptor and returns
-/// that block to the allocator, the same action for every kind of owner. What this model
-/// checks is what matters for that: every life is freed exactly once (no double free, no
-/// leak), and a free never happens while any reference of that life is held.
-#[test]
-fn aba_from_the_review_frees_each_life_once() {
-    let policy = RefcountPolicy::FrozenBit;
-    loom::model(move || {
-        let count = Arc::new(RefCount::new_free(policy));
-        count.init(); // life 1, owned by T1
-        let lives = Arc::new(AtomicUsize::new(1));
-        let frees = Arc::new(AtomicUsize::new(0));
-        let held = Arc::new(AtomicUsize::new(1)); // references believed held, all lives
-        let free = {
-            let (frees, held) = (frees.clone(), held.clone());
-            move || {
-                assert_eq!(held.load(Ordering::SeqCst), 0, "freed while referenced");
-                frees.fetch_add(1, Ordering::SeqCst);
-            }
+/// How a model's free path behaves: ours, or with one of the two flaws raised against the
+/// upstream frozen-bit series (see the refcount module's documentation, "Two objections").
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum FreePath {
+    /// foliocache's: the count stays FROZEN from the last put until the next life's `init`,
+    /// and the free reads what it destroys from the descriptor (`Memory::free_frozen`).
+    Ours,
+    /// The free path leaves the count at 0 instead of frozen (Linus Torvalds' objection).
+    ClearsCount,
+    /// The last putter runs the destructor of the folio it held a reference to, not of the
+    /// folio the descriptor now describes (the ABA of the v4 review).
+    CallersDestructor,
+}
+
+/// A descriptor in the models below: the count, what the current life is (its number and
+/// its kind, the "folio type" whose destructor must run), and what happened to each life.
+struct Folio {
+    count: RefCount,
+    life: AtomicUsize,
+    kind: AtomicUsize,
+    in_index: AtomicBool,
+    frees: [AtomicUsize; 3],
+    violations: Violations,
+}
+
+/// What a model found wrong, over all its executions. A model records instead of panicking, so
+/// that a flawed protocol's violation, found in a spawned thread, is reported by the test
+/// rather than aborting it (a panic in a loom thread tears the whole run down).
+type Violations = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+fn check(violations: &Violations, ok: bool, what: impl FnOnce() -> String) {
+    if !ok {
+        violations.lock().unwrap().push(what());
+    }
+}
+
+/// Runs `model` under loom and returns what it found wrong in any execution.
+fn violations_of(model: impl Fn(Violations) + Send + Sync + 'static) -> Vec<String> {
+    let violations = Violations::default();
+    let found = violations.clone();
+    loom::model(move || model(found.clone()));
+    let list = violations.lock().unwrap().clone();
+    list
+}
+
+impl Folio {
+    fn new(kind: usize, violations: Violations) -> Self {
+        let folio = Folio {
+            count: RefCount::new_free(RefcountPolicy::FrozenBit),
+            life: AtomicUsize::new(1),
+            kind: AtomicUsize::new(kind),
+            in_index: AtomicBool::new(true),
+            frees: [
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+                AtomicUsize::new(0),
+            ],
+            violations,
         };
-        let t2 = {
-            let (count, lives, held, free) =
-                (count.clone(), lives.clone(), held.clone(), free.clone());
+        folio.count.init();
+        folio
+    }
+
+    /// Frees the current life after a last put (or a won compare-exchange). `known_kind` is
+    /// the kind the caller believed the folio to be when it took its reference.
+    fn free(&self, known_kind: usize, path: FreePath) {
+        let life = self.life.load(Ordering::SeqCst);
+        let kind = self.kind.load(Ordering::SeqCst);
+        let destructor = match path {
+            FreePath::CallersDestructor => known_kind,
+            FreePath::Ours | FreePath::ClearsCount => kind,
+        };
+        check(&self.violations, destructor == kind, || {
+            format!(
+                "{path:?}: the destructor of kind {destructor} ran on life {life}, of kind {kind}"
+            )
+        });
+        let before = self.frees[life].fetch_add(1, Ordering::SeqCst);
+        check(&self.violations, before == 0, || {
+            format!("{path:?}: double free of life {life}")
+        });
+        if path == FreePath::ClearsCount {
+            self.count.store_raw(0);
+        }
+    }
+
+    /// The allocator hands the (freed) folio out again, as `kind`: the next life.
+    fn reallocate(&self, kind: usize) {
+        self.life.fetch_add(1, Ordering::SeqCst);
+        self.kind.store(kind, Ordering::SeqCst);
+        self.in_index.store(true, Ordering::SeqCst);
+        self.count.init();
+    }
+}
+
+/// Linus Torvalds' objection to the frozen-bit series: the frozen bit must stay set on a freed
+/// folio. A remover takes the folio out of the index and drops the cache's last reference,
+/// freeing it; a speculative reader found it in the index just before and now takes a
+/// reference, checks the index again, finds the folio gone and drops its reference. If the
+/// free had left the count at 0, the reader's `fetch_add` would make it 1 (a "success" on a
+/// free folio), its `put` would bring it to 0 and win the 0 → FROZEN exchange, and it would
+/// free the folio a second time.
+fn frozen_bit_stays_on_a_freed_folio(path: FreePath) -> Vec<String> {
+    let policy = RefcountPolicy::FrozenBit;
+    violations_of(move |violations| {
+        let folio = Arc::new(Folio::new(1, violations.clone()));
+        let reader = {
+            let folio = folio.clone();
             thread::spawn(move || {
-                if count.try_get(policy) {
-                    held.fetch_add(1, Ordering::SeqCst);
-                    held.fetch_sub(1, Ordering::SeqCst);
-                    if count.put(policy) {
-                        free();
-                        // The allocator hands the folio out again: life 2.
-                        held.fetch_add(1, Ordering::SeqCst);
-                        lives.fetch_add(1, Ordering::SeqCst);
-                        count.init();
-                        held.fetch_sub(1, Ordering::SeqCst);
-                        if count.put(policy) {
-                            free();
-                        }
+                // Speculative lookup: found in the index, then the reference, then the re-check.
+                if !folio.in_index.load(Ordering::SeqCst) || !folio.count.try_get(policy) {
+                    return;
+                }
+                if folio.in_index.load(Ordering::SeqCst) {
+                    let freed = folio.frees[1].load(Ordering::SeqCst);
+                    check(&folio.violations, freed == 0, || "use after free".into());
+                }
+                if folio.count.put(policy) {
+                    folio.free(1, path);
+                }
+            })
+        };
+        folio.in_index.store(false, Ordering::SeqCst);
+        if folio.count.put(policy) {
+            folio.free(1, path);
+        }
+        reader.join().unwrap();
+        let frees = folio.frees[1].load(Ordering::SeqCst);
+        check(&violations, frees >= 1, || "life 1 leaked".into());
+    })
+}
+
+#[test]
+fn linus_frozen_bit_stays_on_a_freed_folio() {
+    let found = frozen_bit_stays_on_a_freed_folio(FreePath::Ours);
+    assert!(found.is_empty(), "{found:?}");
+}
+
+/// The same model on a free path that clears the count: it must find the double free.
+#[test]
+fn linus_objection_model_finds_a_free_path_that_clears_the_count() {
+    let found = frozen_bit_stays_on_a_freed_folio(FreePath::ClearsCount);
+    assert!(
+        found.iter().any(|v| v.contains("double free of life 1")),
+        "the model missed the flaw: {found:?}"
+    );
+}
+
+/// The ABA race of the v4 review (June 2026). T1 drops the last reference of life 1 (1 → 0)
+/// and is delayed before its 0 → FROZEN compare-exchange. T2 takes a speculative reference
+/// (0 → 1), drops it, wins its own exchange and frees life 1; the allocator hands the folio
+/// out again as another kind (life 2), and its owner drops that reference too (1 → 0). Now
+/// T1 resumes and its exchange 0 → FROZEN succeeds: T1, not life 2's owner, frees life 2. A
+/// free path that runs the destructor its caller knew (life 1's kind) runs the wrong one;
+/// ours reads the kind from the descriptor, so whoever wins frees what is there, once.
+fn aba_on_the_last_put(path: FreePath, policy: RefcountPolicy) -> Vec<String> {
+    violations_of(move |violations| {
+        let folio = Arc::new(Folio::new(1, violations.clone()));
+        let t2 = {
+            let folio = folio.clone();
+            thread::spawn(move || {
+                if folio.count.try_get(policy) && folio.count.put(policy) {
+                    folio.free(1, path);
+                    folio.reallocate(2);
+                    if folio.count.put(policy) {
+                        folio.free(2, path);
                     }
                 }
             })
         };
-        held.fetch_sub(1, Ordering::SeqCst);
-        if count.put(policy) {
-            free();
+        // T1 holds life 1's only reference, a folio of kind 1.
+        if folio.count.put(policy) {
+            folio.free(1, path);
         }
         t2.join().unwrap();
-        assert_eq!(frees.load(Ordering::SeqCst), lives.load(Ordering::SeqCst));
-        assert!(count.is_frozen(policy));
-    });
+        let lives = folio.life.load(Ordering::SeqCst);
+        for life in 1..=lives {
+            let frees = folio.frees[life].load(Ordering::SeqCst);
+            check(&violations, frees >= 1, || format!("life {life} leaked"));
+        }
+        check(&violations, folio.count.is_frozen(policy), || {
+            "the count is not frozen at the end".into()
+        });
+    })
+}
+
+#[test]
+fn aba_review_each_life_is_freed_once_by_its_own_destructor() {
+    for policy in BOTH {
+        let found = aba_on_the_last_put(FreePath::Ours, policy);
+        assert!(found.is_empty(), "{policy:?}: {found:?}");
+    }
+}
+
+/// The same model on a free path that runs the caller's destructor: it must find the ABA.
+#[test]
+fn aba_model_finds_a_free_path_that_runs_the_callers_destructor() {
+    let found = aba_on_the_last_put(FreePath::CallersDestructor, RefcountPolicy::FrozenBit);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("the destructor of kind 1 ran on life 2, of kind 2")),
+        "the model missed the flaw: {found:?}"
+    );
 }
 
 /// The overflow guard: failed speculative increments pile garbage onto a frozen count; once the

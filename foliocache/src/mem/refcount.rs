@@ -46,6 +46,38 @@
 //! makes the reader's re-check of the index slot (`reload`) meaningful. The loom models in
 //! `tests/loom_refcount.rs` and `tests/loom_lookup.rs` check these claims.
 //!
+//! # Two objections to the upstream series, and why ours holds
+//!
+//! Two flaws were found in versions of the kernel's frozen-bit series. Each has a loom model in
+//! `tests/loom_refcount.rs` that runs on this protocol and on one with the flaw, and must
+//! fail on the flawed one (a `should_panic` test), so the model is known to catch it.
+//!
+//! * **The frozen bit must stay set on a freed folio** (Linus Torvalds). A free path that
+//!   left the count at 0 would let a speculative getter's `fetch_add` turn 0 into 1, a
+//!   success on a free folio; its validation would fail, its `put` would win `0 → FROZEN`,
+//!   and it would free the folio a second time. Here the count is FROZEN from the winning
+//!   `put` (or a `freeze`) until the allocator's [`init`](RefCount::init) of the next life:
+//!   `Memory::free_frozen` and the buddy allocator never write the count, and the only other
+//!   writers are `init` (a new life, after the block left the free lists, or a
+//!   staging folio a new owner adopts), `unfreeze` (by a freezer that holds the folio) and `reset_free` (a new shared mapping's table, before any
+//!   other process sees it, or a takeover, after the dead owner, the only process that took
+//!   references, has fully exited). Model: `linus_frozen_bit_stays_on_a_freed_folio`.
+//! * **ABA on the last put** (an automated review of v4, June 2026). A putter delayed between
+//!   its decrement to 0 and its `0 → FROZEN` exchange can find 0 again on a *later* life of the
+//!   folio (a getter revived the old life, freed it, the folio was handed out again and its new
+//!   owner dropped its last reference) and win the exchange there. Ours lets it win too: a
+//!   count at 0 is a life whose last reference is gone, whichever life that is, and exactly one
+//!   exchange succeeds, so each life is freed once. What must not happen is the kernel's
+//!   worry, that the winner then runs the destructor of the folio *it* knew. Ours has no
+//!   per-caller destructor: `put` returns only "you freed it", and `Memory::free_frozen` reads
+//!   what to free (the order, the flags, whether it was ever published) from the descriptor
+//!   itself, the same action for every owner. Model:
+//!   `aba_review_each_life_is_freed_once_by_its_own_destructor`.
+//!
+//! In a shared cache only the owner process takes references (clients read optimistically,
+//! `docs/SHARED.md`), so a count never holds a reference of a process that died while another
+//! process can still change it: when the owner dies, a new one resets every count it keeps.
+//!
 //! # What each variant guarantees
 //!
 //! Both: `try_get` never succeeds on a free or frozen count; `freeze(n)` succeeds only when the
@@ -86,6 +118,14 @@ impl RefCount {
     /// runaway garbage, to exercise the overflow guard).
     pub fn with_raw(value: u32) -> Self {
         Self(AtomicU32::new(value))
+    }
+
+    /// Stores `value` as is, whatever the count holds: only for model checking a flawed
+    /// protocol (`tests/loom_refcount.rs` builds a free path that clears the count this way,
+    /// to show its model catches the double free that follows). The cache never calls it.
+    #[doc(hidden)]
+    pub fn store_raw(&self, value: u32) {
+        self.0.store(value, Ordering::Release);
     }
 
     /// Puts the count in the free state of `policy` (a new shared mapping's table).
