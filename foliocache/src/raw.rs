@@ -64,6 +64,11 @@ pub mod refcount {
 pub mod epoch {
     #[cfg(loom)]
     pub use crate::mem::epoch::AccessTracker;
+    /// Readers in other processes (a shared cache's client threads): their pin words, how an
+    /// owner counts them in its grace periods, and the mirror of the epoch they pin with.
+    pub use crate::mem::epoch::{
+        External, add_external, external_pin, external_unpin, pin_caught_up, remove_external,
+    };
     pub use crate::mem::epoch::{Guard, collect, defer, epoch, is_pinned, pending, pin};
 }
 

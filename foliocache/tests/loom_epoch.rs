@@ -122,3 +122,142 @@ fn two_readers_vs_replace_and_free() {
         assert!(world.freed[0].load(Ordering::Relaxed));
     });
 }
+
+/// A shared cache's client threads, as its owner's epoch domain counts them: one pin word per
+/// client thread and the mirror of the owner's epoch they pin with (in the real cache these
+/// words live in the shared mapping; `owner::ClientPins` is this `External`).
+struct Clients {
+    pins: Vec<loom::sync::atomic::AtomicU64>,
+    mirror: loom::sync::atomic::AtomicU64,
+}
+
+impl epoch::External for Clients {
+    fn caught_up(&self, now: u64) -> bool {
+        self.pins
+            .iter()
+            .all(|p| epoch::pin_caught_up(p.load(Ordering::Relaxed), now))
+    }
+
+    fn advanced(&self, now: u64) {
+        self.mirror.store(now, Ordering::Release);
+    }
+}
+
+impl Clients {
+    fn register(threads: usize) -> Arc<Self> {
+        let clients = Arc::new(Self {
+            pins: (0..threads)
+                .map(|_| loom::sync::atomic::AtomicU64::new(0))
+                .collect(),
+            mirror: loom::sync::atomic::AtomicU64::new(0),
+        });
+        epoch::add_external(clients.clone(), 1);
+        clients
+    }
+}
+
+impl World {
+    /// A client thread's read: pins its own word with the mirrored epoch, reads, and unpins
+    /// unless it `dies` first (a SIGKILL between pin and unpin leaves the pin set). Returns
+    /// whether the object it found was freed while it was pinned (checked by the caller after
+    /// the join: a panic in a loom thread would abort the whole run, and the last model
+    /// expects this to happen).
+    #[must_use]
+    fn client_read(&self, clients: &Clients, thread: usize, dies: bool, tracked: bool) -> bool {
+        let pin = &clients.pins[thread];
+        epoch::external_pin(pin, &clients.mirror);
+        let found = self.slot.load(Ordering::Acquire);
+        if tracked {
+            self.memory[found].read();
+        }
+        loom::thread::yield_now();
+        if tracked {
+            self.memory[found].read();
+        }
+        let freed = self.freed[found].load(Ordering::Relaxed);
+        if !dies {
+            epoch::external_unpin(pin);
+        }
+        freed
+    }
+}
+
+/// A client thread in another process against the owner's replacement and free: the owner's
+/// advance waits for the client's pin as for its own threads', even when the mirror the client
+/// pinned with lags the owner's epoch.
+#[test]
+fn client_pin_vs_owner_advance() {
+    loom::model(|| {
+        let world = World::new(3);
+        let clients = Clients::register(1);
+        let client = {
+            let (world, clients) = (Arc::clone(&world), Arc::clone(&clients));
+            thread::spawn(move || {
+                let first = world.client_read(&clients, 0, false, true);
+                first | world.client_read(&clients, 0, false, true)
+            })
+        };
+        world.replace(1);
+        world.replace(2);
+        assert!(
+            !client.join().unwrap(),
+            "an object was freed under a pinned client"
+        );
+        epoch::collect();
+        assert!(world.freed[0].load(Ordering::Relaxed) && world.freed[1].load(Ordering::Relaxed));
+    });
+}
+
+/// A client killed while pinned: its pin holds every grace period back until the owner, having
+/// seen the process fully exited (here: joined), clears the word as `Owner::free_thread_slot`
+/// does; then the deferred frees run. Nothing is freed while the client could still read.
+#[test]
+fn dead_client_pin_is_cleared_after_it_exited() {
+    loom::model(|| {
+        let world = World::new(2);
+        let clients = Clients::register(1);
+        let client = {
+            let (world, clients) = (Arc::clone(&world), Arc::clone(&clients));
+            thread::spawn(move || world.client_read(&clients, 0, true, true))
+        };
+        world.replace(1);
+        assert!(
+            !client.join().unwrap(),
+            "an object was freed under a pinned client"
+        );
+        // Death seen (the process has exited): the owner clears its pin.
+        clients.pins[0].store(0, Ordering::Release);
+        epoch::collect();
+        assert!(
+            world.freed[0].load(Ordering::Relaxed),
+            "a dead pin wedged the grace period"
+        );
+        assert_eq!(epoch::pending(), 0);
+    });
+}
+
+/// The same, with the pin cleared before the client is known to have exited (a death taken
+/// for granted, say after a timeout): the model must find the free under the client's read.
+#[test]
+fn clearing_a_live_clients_pin_is_caught() {
+    let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let found = seen.clone();
+    loom::model(move || {
+        let world = World::new(2);
+        let clients = Clients::register(1);
+        let client = {
+            let (world, clients) = (Arc::clone(&world), Arc::clone(&clients));
+            thread::spawn(move || world.client_read(&clients, 0, true, false))
+        };
+        world.replace(1);
+        clients.pins[0].store(0, Ordering::Release);
+        epoch::collect();
+        if client.join().unwrap() {
+            found.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(
+        seen.load(std::sync::atomic::Ordering::Relaxed),
+        "the model missed a free under a live client's pin"
+    );
+}

@@ -85,7 +85,7 @@ struct Garbage {
 
 /// Readers outside this process whose pins count too: a shared cache's client threads (see
 /// [`add_external`]).
-pub(crate) trait External: Send + Sync {
+pub trait External: Send + Sync {
     /// Whether every pin of these readers is idle or taken in `epoch` (read after the advance's
     /// `SeqCst` fence, with relaxed loads, as the participants are).
     fn caught_up(&self, epoch: u64) -> bool;
@@ -359,7 +359,7 @@ pub fn is_pinned() -> bool {
 /// Counts `external`'s readers in every grace period from now on, starting the epoch at
 /// `at_least` if it is below (a shared cache's new owner starts above every epoch its clients
 /// may still hold pins of, see `docs/SHARED.md`), and tells it the current epoch.
-pub(crate) fn add_external(external: Arc<dyn External>, at_least: u64) {
+pub fn add_external(external: Arc<dyn External>, at_least: u64) {
     let domain = domain();
     let garbage = domain.garbage.lock();
     domain.epoch.fetch_max(at_least, Ordering::AcqRel);
@@ -369,7 +369,7 @@ pub(crate) fn add_external(external: Arc<dyn External>, at_least: u64) {
 }
 
 /// Stops counting `external`'s readers (its readers are gone, or it stops being served).
-pub(crate) fn remove_external(external: &Arc<dyn External>) {
+pub fn remove_external(external: &Arc<dyn External>) {
     domain()
         .externals
         .lock()
@@ -404,7 +404,7 @@ impl Drop for ExternalGuard<'_> {
 /// fence before the reads it protects. The mirror may lag the owner's epoch (it is written
 /// after each advance): the pin then holds a value already behind, which only holds the next
 /// advance back until the reader unpins, never lets one through early.
-pub(crate) fn external_pin(pin: &AtomicU64, mirror: &AtomicU64) {
+pub fn external_pin(pin: &AtomicU64, mirror: &AtomicU64) {
     let epoch = mirror.load(Ordering::Acquire);
     pin.store(pinned(epoch), Ordering::Release);
     fence(Ordering::SeqCst);
@@ -412,12 +412,12 @@ pub(crate) fn external_pin(pin: &AtomicU64, mirror: &AtomicU64) {
 
 /// A reader in another process unpins (release: its reads happen before a free that follows
 /// an advance which saw this).
-pub(crate) fn external_unpin(pin: &AtomicU64) {
+pub fn external_unpin(pin: &AtomicU64) {
     pin.store(IDLE, Ordering::Release);
 }
 
 /// Whether a pin word read by an owner is idle or pinned in `epoch`.
-pub(crate) fn pin_caught_up(word: u64, epoch: u64) -> bool {
+pub fn pin_caught_up(word: u64, epoch: u64) -> bool {
     word == IDLE || word == pinned(epoch)
 }
 
