@@ -37,6 +37,9 @@ enum Command {
     Run(run::RunArgs),
     /// A shared cache (`Cache::builder().shared(NAME)`): `status`, `drop`, `sync`, `destroy`.
     Cache(cachecmd::CacheArgs),
+    /// One process of `fcache bench multiproc` (started by the suite, not by hand).
+    #[command(hide = true)]
+    MultiprocWorker(bench::MultiprocWorkerArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::RaDiff(args) => radiff::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Cache(args) => cachecmd::run(&args),
+        Command::MultiprocWorker(args) => bench::multiproc_worker(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

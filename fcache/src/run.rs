@@ -50,7 +50,7 @@ pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
         },
     };
     if !candidate.is_file() && automatic {
-        build_preload(&candidate);
+        build_in_checkout(&candidate, &["-p", "foliocache-preload"]);
     }
     if candidate.is_file() {
         std::fs::canonicalize(&candidate).map_err(|e| e.to_string())
@@ -63,10 +63,10 @@ pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
     }
 }
 
-/// Builds the preload library into `wanted` (target/<profile>/ of the checkout this fcache
-/// was built from), if this fcache runs from there and cargo is at hand; a failure leaves it
-/// missing (the caller says what to do).
-fn build_preload(wanted: &Path) {
+/// Builds `wanted` (a file cargo puts in target/<profile>/ of the checkout this fcache was
+/// built from, with `cargo build PACKAGE_ARGS`), if this fcache runs from there and cargo is
+/// at hand; a failure leaves it missing (the caller says what to do).
+pub(crate) fn build_in_checkout(wanted: &Path, package_args: &[&str]) {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let Ok(workspace) = std::fs::canonicalize(workspace) else {
         return;
@@ -85,13 +85,16 @@ fn build_preload(wanted: &Path) {
     let mut command = Command::new(cargo);
     command
         .current_dir(&workspace)
-        .args(["build", "--quiet", "-p", "foliocache-preload"]);
+        .args(["build", "--quiet"])
+        .args(package_args);
     if release {
         command.arg("--release");
     }
     println!(
-        "building the preload library: cargo build{} -p foliocache-preload",
-        if release { " --release" } else { "" }
+        "building {}: cargo build{} {}",
+        wanted.file_name().unwrap_or_default().to_string_lossy(),
+        if release { " --release" } else { "" },
+        package_args.join(" ")
     );
     let _ = command.status();
 }

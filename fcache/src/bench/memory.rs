@@ -78,6 +78,14 @@ impl Mapping {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.cast::<u8>(), self.len) }
     }
 
+    /// The mapping's bytes, read-only (a file's mapping, or an anonymous one).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` readable bytes owned by `self`, mapped for the borrow's
+        // life; nothing in this process writes a file's mapping, and an anonymous one only
+        // through `bytes_mut`, which needs `&mut self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
+    }
+
     /// How many of the mapping's 4 KiB pages are in memory (`mincore`): for a file's mapping,
     /// its pages in the kernel's page cache.
     pub(crate) fn resident_pages(&self) -> io::Result<u64> {

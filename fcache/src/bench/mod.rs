@@ -14,6 +14,7 @@ mod files;
 mod html;
 mod measure;
 mod memory;
+mod multiproc;
 mod output;
 mod policies;
 mod readseq;
@@ -26,6 +27,7 @@ pub(crate) mod summary;
 mod writeseq;
 
 pub(crate) use args::BenchArgs;
+pub(crate) use multiproc::{WorkerArgs as MultiprocWorkerArgs, worker as multiproc_worker};
 use report::Report;
 use summary::Row;
 
@@ -62,6 +64,10 @@ pub(crate) enum Suite {
     /// The write path: sequential 1 MiB writes, random 4 KiB overwrites and 4 KiB appends with
     /// fdatasync, through foliocache, the kernel's page cache and straight to the device.
     Writeseq,
+    /// The shared cache: 1, 2, 4 processes reading the same files (sequential and random 4
+    /// KiB) through the kernel, one private cache each and one shared cache: throughput, a
+    /// second process served from the first one's pages, and the memory they use together.
+    Multiproc,
 }
 
 /// A suite: how it runs, and the rows it adds to the summary. A new suite is one line here.
@@ -124,6 +130,13 @@ const SUITES: &[SuiteDef] = &[
         run: writeseq::run,
         summary: writeseq::summary,
         prerequisites: None,
+    },
+    SuiteDef {
+        suite: Suite::Multiproc,
+        name: "multiproc",
+        run: multiproc::run,
+        summary: multiproc::summary,
+        prerequisites: Some(|| multiproc::prerequisites().map(|_| ())),
     },
     SuiteDef {
         suite: Suite::Dbbench,
