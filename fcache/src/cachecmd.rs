@@ -74,6 +74,14 @@ fn print_status(json: &str) -> Result<(), serde_json::Error> {
         "  writers outside the cache: {}",
         v["outside_writers"].as_str().unwrap_or("?")
     );
+    if v.get("outside_events").is_some() {
+        println!(
+            "    {} events, {} changes by other programs found, {} queue overflows",
+            pages("outside_events"),
+            pages("outside_changes"),
+            pages("outside_overflows")
+        );
+    }
     let files = v["files"].as_array().cloned().unwrap_or_default();
     println!("  {} files:", files.len());
     println!(

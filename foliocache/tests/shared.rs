@@ -289,6 +289,10 @@ fn child_entry() -> bool {
             worker();
             true
         }
+        Some("outside") => {
+            outside_reader();
+            true
+        }
         Some("other-user") => {
             let name = std::env::var("FC_NAME").unwrap();
             match Cache::builder()
@@ -560,4 +564,103 @@ fn another_user_cannot_attach() {
         text.lines().find(|l| l.contains("refused")).unwrap_or("")
     );
     drop(cache);
+}
+
+/// The child of `an_outside_writer_is_seen_by_readers`: a reader attached to the cache, and a
+/// writer beside it that does not use the cache (a plain descriptor, kept open so that no
+/// close event helps). After each outside write returned, the reader reads through the cache
+/// until it sees the new bytes, under a deadline; it prints how long that took.
+fn outside_reader() {
+    use std::os::unix::fs::FileExt;
+    let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
+    let name = std::env::var("FC_NAME").unwrap();
+    let cache = Cache::builder()
+        .capacity(32 << 20)
+        .io_engine(EngineKind::Threads)
+        .idle_timeout(Duration::from_secs(5))
+        .shared(name)
+        .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+        .build()
+        .expect("attach");
+    let path = dir.join("data");
+    let file = cache.open(&path).expect("open");
+    let mut handle = file.handle();
+    let mut page = vec![0u8; PAGE as usize];
+    assert_eq!(handle.read_at(&mut page, 0).unwrap(), PAGE as usize);
+    check_words(&page, 0, 0, 0, "the first read");
+    assert!(
+        file.cached_ranges().iter().any(|r| r.first == 0),
+        "page 0 is not in the shared cache after a read"
+    );
+    let outside = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let mut windows = Vec::new();
+    for round in 1..=20u64 {
+        let bytes: Vec<u8> = (0..PAGE / 8)
+            .flat_map(|_| word(round, 0).to_le_bytes())
+            .collect();
+        outside.write_all_at(&bytes, 0).unwrap();
+        let written = Instant::now();
+        loop {
+            assert_eq!(handle.read_at(&mut page, 0).unwrap(), PAGE as usize);
+            let first = u64::from_le_bytes(page[..8].try_into().unwrap());
+            if first == word(round, 0) {
+                check_words(&page, 0, round, round, "a read after the outside write");
+                break;
+            }
+            // Until the event arrives the reader may see the write before, never another.
+            check_words(&page, 0, round - 1, round - 1, "a read in the window");
+            assert!(
+                written.elapsed() < Duration::from_secs(10),
+                "round {round}: the cache still serves the old bytes 10 s after an outside write"
+            );
+            std::thread::yield_now();
+        }
+        windows.push(written.elapsed());
+        // The page is cached again before the next round's write.
+        assert!(file.cached_ranges().iter().any(|r| r.first == 0));
+    }
+    // An outside truncation: the cache's size follows.
+    outside.set_len(PAGES * PAGE / 2).unwrap();
+    let truncated = Instant::now();
+    while file.size() != PAGES * PAGE / 2 {
+        let _ = handle.read_at(&mut page, PAGES * PAGE / 2);
+        assert!(
+            truncated.elapsed() < Duration::from_secs(10),
+            "the cache's size did not follow an outside truncation"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(handle.read_at(&mut page, PAGES * PAGE / 2).unwrap(), 0);
+    windows.sort();
+    println!(
+        "outside writer seen after: median {:?}, max {:?} (20 writes); truncation after {:?}",
+        windows[windows.len() / 2],
+        windows[windows.len() - 1],
+        truncated.elapsed()
+    );
+}
+
+/// A program outside the cache writes and truncates a file a shared cache serves: a reader
+/// attached to the cache sees each change once the owner's inotify watch has reported it
+/// (`docs/SHARED.md`, "Writers outside the cache"), never bytes older than the last write.
+#[test]
+fn an_outside_writer_is_seen_by_readers() {
+    if child_entry() {
+        return;
+    }
+    let setup = Setup::new("outside", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let child = setup
+        .spawn("an_outside_writer_is_seen_by_readers", "outside", 0, 1)
+        .wait_with_output();
+    let out = child.unwrap();
+    assert!(out.status.success(), "the reader failed: {}", out.status);
+    let status = setup.admin(CacheCommand::Status).unwrap_or_default();
+    let changes: u64 = status
+        .split("\"outside_changes\":")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the owner has no outside-writer watch: {status}"));
+    // Each of the 21 changes was found by the watch (nothing else revalidates the file here).
+    assert!(changes >= 21, "the watch found {changes} changes: {status}");
 }

@@ -433,9 +433,25 @@ impl Owner {
             stats.dirty.dirty_pages,
             stats.dirty.writeback_pages,
             super::shmem_huge_pages(),
-            "revalidation on open (no lease or fanotify watch yet): a reader may see old bytes \
-             until the next open after an outside write"
+            match &self.outside {
+                Some(_) =>
+                    "inotify (no exact signal: a change by a program outside the cache \
+                            drops the file's clean pages when its event arrives, after the \
+                            write returned; writes through mmap raise no event and are seen at \
+                            the next open)",
+                None =>
+                    "revalidation on open only (no inotify): a reader may see old bytes \
+                         until the next open after an outside write",
+            }
         ));
+        if let Some(o) = &self.outside {
+            out.push_str(&format!(
+                "\"outside_events\":{},\"outside_changes\":{},\"outside_overflows\":{},",
+                o.events.load(Ordering::Relaxed),
+                o.changes.load(Ordering::Relaxed),
+                o.overflows.load(Ordering::Relaxed)
+            ));
+        }
         out.push_str("\"processes\":[");
         let mut first = true;
         for p in self.map.processes() {

@@ -6,12 +6,14 @@
 //!   connection closing, or its pid found dead) frees what it held.
 //! * `serve`: one thread per claimed client thread slot, running the slot's requests.
 //! * `takeover`: what a new owner does with a mapping whose owner died.
+//! * `outside`: writers outside the cache, seen through inotify.
 //!
 //! The owner is started by the first client that finds none (`shared::client`): the program
 //! `foliocache-owner NAME` starts itself again detached ([`main`]), takes the cache's lock,
 //! builds the cache, listens, and tells its starter it is ready.
 
 mod control;
+mod outside;
 mod serve;
 mod takeover;
 
@@ -135,6 +137,9 @@ pub(crate) struct Owner {
     stopping: AtomicBool,
     /// The external pins of the clients, as the epoch domain sees them.
     pins: Arc<dyn External>,
+    /// The watches for writers outside the cache (`None`: inotify could not be had, and
+    /// only a revalidation on open sees their changes).
+    outside: Option<Arc<outside::Outside>>,
 }
 
 /// The clients' thread pins, as the owner's epoch domain counts them (`mem::epoch::External`).
@@ -318,7 +323,26 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         staging_order,
         stopping: AtomicBool::new(false),
         pins,
+        outside: match outside::Outside::new() {
+            Ok(o) => Some(Arc::new(o)),
+            Err(e) => {
+                log(
+                    name,
+                    &format!("outside writers: no inotify ({e}); revalidation on open only"),
+                );
+                None
+            }
+        },
     });
+    if let Some(watcher) = owner.outside.clone() {
+        let owner = Arc::clone(&owner);
+        let spawned = std::thread::Builder::new()
+            .name("fc-outside".into())
+            .spawn(move || outside::run(&owner, &watcher));
+        if let Err(e) = spawned {
+            log(name, &format!("outside writers: no watcher thread ({e})"));
+        }
+    }
     if let Some(free) = &free {
         // Requests the previous owner left in slots run again, now.
         for &slot in &free.claimed {
@@ -496,7 +520,35 @@ impl Owner {
             .and_then(|l| l.records())
             .ok_or_else(|| shared_error(&self.name, "the owner's cache has no records"))?;
         let assigned = records.assign(key.0, key.1, max_order, path)?;
+        if let Some(outside) = &self.outside
+            && let Err(e) = outside.watch(assigned.record, path)
+        {
+            // Without a watch only a revalidation on open sees outside changes.
+            log(
+                &self.name,
+                &format!("outside writers: cannot watch {}: {e}", path.display()),
+            );
+        }
         Ok((file, assigned.record, assigned.generation))
+    }
+
+    /// The file the owner serves for `record`, if it serves one.
+    fn served_file(&self, record: usize) -> Option<File> {
+        self.files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&record)
+            .map(|s| s.file.clone())
+    }
+
+    /// Every file the owner serves.
+    fn served_files(&self) -> Vec<File> {
+        self.files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(|s| s.file.clone())
+            .collect()
     }
 
     /// Publishes the counters `fcache cache status` shows without asking (header live words).
