@@ -57,6 +57,8 @@ impl Owner {
             }
         }
         let mut process: Option<u32> = None;
+        // Who said hello on this connection: (pid, start time).
+        let mut attached_as = (0u32, 0u64);
         loop {
             let (msg, fd) = match conn.recv() {
                 Ok(Some(got)) => got,
@@ -70,6 +72,11 @@ impl Owner {
                 (kind::HELLO, None) => match self.hello(&msg) {
                     Ok(slot) => {
                         process = Some(slot);
+                        let p = &self.map.processes()[slot as usize];
+                        attached_as = (
+                            p.pid.load(Ordering::Acquire),
+                            p.start.load(Ordering::Acquire),
+                        );
                         let welcome = Msg::new(kind::WELCOME, &[u64::from(slot)]);
                         if conn.send(&welcome, Some(self.map.fd().as_fd())).is_err() {
                             break;
@@ -90,7 +97,9 @@ impl Owner {
             }
         }
         if let Some(p) = process {
-            self.detach(p);
+            // This connection's own attach only: the slot may have been freed already (its
+            // pid found dead) and given to another process since.
+            self.detach(p, attached_as.0, attached_as.1);
         }
     }
 
@@ -102,6 +111,11 @@ impl Owner {
         let pid = msg.word(1).map_err(|e| e.to_string())? as u32;
         let start = msg.word(2).map_err(|e| e.to_string())?;
         let memfd = msg.word(3).unwrap_or(u64::MAX);
+        // Attaches and detaches of process slots one at a time (see `detach`).
+        let _attaching = self
+            .attach_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         let slots = self.map.processes();
         let slot = slots
             .iter()
@@ -126,28 +140,39 @@ impl Owner {
         Ok(slot as u32)
     }
 
-    /// Frees what process slot `p` held (its connection closed, or its process died).
-    pub(super) fn detach(&self, p: u32) {
+    /// Frees what process slot `p` held while process `pid` (started at `start`) was attached
+    /// there: its connection closed, or its process was found dead. Both happen for one death,
+    /// in either order, and the slot can be given to a new process in between: so a detach
+    /// names the attach it ends, and does nothing to another one (attaches and detaches hold
+    /// `attach_lock`, so the check and the change are one step).
+    pub(super) fn detach(&self, p: u32, pid: u32, start: u64) {
         let Some(slot) = self.map.processes().get(p as usize) else {
             return;
         };
-        // One detach per attach: whoever moves the slot out of "attached" does it.
-        if slot
-            .state
-            .compare_exchange(1, 3, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
         {
-            return;
-        }
-        for (i, t) in self.map.threads().iter().enumerate() {
-            if t.claim.load(Ordering::Acquire) == CLAIMED | p {
-                self.free_thread_slot(i as u32);
+            let _detaching = self
+                .attach_lock
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if slot.pid.load(Ordering::Acquire) != pid
+                || slot.start.load(Ordering::Acquire) != start
+                || slot
+                    .state
+                    .compare_exchange(1, 3, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_err()
+            {
+                return;
             }
+            for (i, t) in self.map.threads().iter().enumerate() {
+                if t.claim.load(Ordering::Acquire) == CLAIMED | p {
+                    self.free_thread_slot(i as u32);
+                }
+            }
+            slot.pid.store(0, Ordering::Relaxed);
+            slot.start.store(0, Ordering::Relaxed);
+            slot.memfd.store(u32::MAX, Ordering::Relaxed);
+            slot.state.store(0, Ordering::Release);
         }
-        slot.pid.store(0, Ordering::Relaxed);
-        slot.start.store(0, Ordering::Relaxed);
-        slot.memfd.store(u32::MAX, Ordering::Relaxed);
-        slot.state.store(0, Ordering::Release);
         self.write_clients_file();
         if self.clients.fetch_sub(1, Ordering::AcqRel) == 1 {
             // The last process left: its dirty data is written back now, not at the idle
@@ -191,7 +216,7 @@ impl Owner {
                 let start = p.start.load(Ordering::Acquire);
                 if !runtime::alive(pid, start) {
                     log(&self.name, &format!("process {pid} died attached"));
-                    self.detach(i as u32);
+                    self.detach(i as u32, pid, start);
                 }
             }
         }

@@ -126,6 +126,8 @@ pub(crate) struct Owner {
     servers: Mutex<HashMap<u32, serve::Server>>,
     /// Attached processes (connections that said hello).
     clients: AtomicUsize,
+    /// Held while a process slot is given out or freed (`control::detach`).
+    attach_lock: Mutex<()>,
     /// When the last client left (`None` while one is attached).
     idle_since: Mutex<Option<Instant>>,
     idle: Duration,
@@ -317,6 +319,7 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         files: Mutex::new(HashMap::new()),
         servers: Mutex::new(HashMap::new()),
         clients: AtomicUsize::new(0),
+        attach_lock: Mutex::new(()),
         idle_since: Mutex::new(Some(Instant::now())),
         idle: Duration::from_secs(settings[crate::shared::settings::IDLE_SECS]),
         max_order: settings[crate::shared::settings::MAX_ORDER].min(9) as u8,
