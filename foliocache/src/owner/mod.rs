@@ -144,6 +144,24 @@ pub(crate) struct Owner {
     outside: Option<Arc<outside::Outside>>,
 }
 
+/// Takes the cache's lock. Held by another process, it is either a live owner (or one starting,
+/// which will listen soon) or one that is dying: a SIGKILLed owner's descriptors close one by one
+/// as its threads exit, so its socket can refuse connections (which is how a client saw it die
+/// and started this owner) while its lock is still held for a moment. So while the lock is held
+/// and nothing answers on the socket, this tries again, for up to two seconds.
+fn take_lock(lock: &std::fs::File, paths: &Paths) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        if rustix::fs::flock(lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok() {
+            return true;
+        }
+        if Conn::connect(&paths.sock).is_ok() || Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The clients' thread pins, as the owner's epoch domain counts them (`mem::epoch::External`).
 struct ClientPins(Arc<SharedMap>);
 
@@ -254,7 +272,7 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         .write(true)
         .open(&paths.lock)
         .map_err(|e| io(&format!("cannot open {}", paths.lock.display()), e))?;
-    if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+    if !take_lock(&lock, &paths) {
         // Another owner runs (or is starting): the starter connects to it.
         let _ = starter.send(&Msg::new(kind::OK, &[1]), None);
         return Ok(());
