@@ -113,6 +113,35 @@ impl Inode {
         Ok(inode)
     }
 
+    /// Puts back clean folios a new owner kept from a dead owner's mapping (`owner::takeover`):
+    /// `(folio, page index, order)`, uptodate and in no index. Each gets a new life and goes
+    /// into this file's index and on the reclaim lists, as if read from storage just now; one
+    /// past the file's end, or whose place is taken, is freed. Returns the pages put back.
+    #[cfg(not(loom))]
+    pub(crate) fn adopt_clean(&self, folios: &[(u32, u64, u8)]) -> u64 {
+        let mem = &self.core.mem;
+        let end = self.mapping.size().div_ceil(crate::mem::PAGE_SIZE as u64);
+        let mut pages = 0;
+        let mut inserted = Vec::with_capacity(folios.len());
+        // The references `add_inserted` wants held, dropped after it.
+        let mut held = Vec::with_capacity(folios.len());
+        for &(pfn, index, order) in folios {
+            let mut folio = mem.adopt_folio(pfn, order);
+            if index + (1u64 << order) > end {
+                continue; // dropped: freed
+            }
+            folio.mark_uptodate();
+            if let Ok((locked, shadow)) = self.mapping.add_folio(folio, index) {
+                held.push(locked.unlock());
+                inserted.push((pfn, shadow));
+                pages += 1u64 << order;
+            }
+        }
+        self.core.reclaim.add_inserted(mem, &inserted);
+        drop(held);
+        pages
+    }
+
     /// Looks at the file on storage again; if it changed since it was last looked at (another
     /// program wrote or truncated it), takes the new size and drops every clean cached page (any
     /// may be stale), as the kernel's `invalidate_mapping_pages` does. Pages this cache holds

@@ -293,6 +293,10 @@ fn child_entry() -> bool {
             outside_reader();
             true
         }
+        Some("takeover") => {
+            takeover_keeper();
+            true
+        }
         Some("other-user") => {
             let name = std::env::var("FC_NAME").unwrap();
             match Cache::builder()
@@ -663,4 +667,110 @@ fn an_outside_writer_is_seen_by_readers() {
         .unwrap_or_else(|| panic!("the owner has no outside-writer watch: {status}"));
     // Each of the 21 changes was found by the watch (nothing else revalidates the file here).
     assert!(changes >= 21, "the watch found {changes} changes: {status}");
+}
+
+/// Whether process `pid` has exited (gone, or a zombie).
+fn exited(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+    })
+}
+
+/// The child of `a_new_owner_keeps_clean_pages`: reads two files whole through the cache, lets
+/// a heartbeat pass, kills the owner, changes the second file with a plain write while no
+/// owner watches, and makes a request (which starts a new owner). The first file must still be
+/// cached whole; the second must read the new bytes.
+fn takeover_keeper() {
+    use std::os::unix::fs::FileExt;
+    let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
+    let name = std::env::var("FC_NAME").unwrap();
+    let other = dir.join("other");
+    std::fs::copy(dir.join("data"), &other).unwrap();
+    let cache = Cache::builder()
+        .capacity(32 << 20)
+        .io_engine(EngineKind::Threads)
+        .idle_timeout(Duration::from_secs(5))
+        .shared(name.clone())
+        .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+        .build()
+        .expect("attach");
+    let files = [
+        cache.open(dir.join("data")).expect("open"),
+        cache.open(&other).expect("open"),
+    ];
+    let mut bytes = vec![0u8; (PAGES * PAGE) as usize];
+    for file in &files {
+        assert_eq!(file.handle().read_at(&mut bytes, 0).unwrap(), bytes.len());
+        let cached: u64 = file.cached_ranges().iter().map(|r| r.pages).sum();
+        assert_eq!(cached, PAGES, "a file read whole is not cached whole");
+    }
+    // The files' last changes must lie a heartbeat margin (1 s) before the owner's death.
+    std::thread::sleep(Duration::from_millis(1500));
+    let status = foliocache::cache_command(&name, CacheCommand::Status).unwrap();
+    let pid: i32 = status
+        .split("\"owner_pid\":")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    // SAFETY: a plain kill(2) of the owner process this test's cache started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !exited(pid) {
+        assert!(Instant::now() < deadline, "the owner did not die");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A change no owner sees: page 3 of the second file.
+    let page: Vec<u8> = (0..PAGE / 8)
+        .flat_map(|_| word(1, 3).to_le_bytes())
+        .collect();
+    let plain = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&other)
+        .unwrap();
+    plain.write_all_at(&page, 3 * PAGE).unwrap();
+    drop(plain);
+    // The next request starts a new owner, which takes the mapping over.
+    let kept: u64 = files[0].cached_ranges().iter().map(|r| r.pages).sum();
+    assert_eq!(
+        kept, PAGES,
+        "the new owner did not keep the clean pages of an unchanged file"
+    );
+    let mut got = vec![0u8; PAGE as usize];
+    assert_eq!(
+        files[1].handle().read_at(&mut got, 3 * PAGE).unwrap(),
+        got.len()
+    );
+    check_words(&got, 3, 1, 1, "a page changed while no owner ran");
+    assert_eq!(
+        files[0].handle().read_at(&mut bytes, 0).unwrap(),
+        bytes.len()
+    );
+    for page in 0..PAGES {
+        let at = (page * PAGE) as usize;
+        check_words(&bytes[at..at + PAGE as usize], page, 0, 0, "a kept page");
+    }
+    let status = foliocache::cache_command(&name, CacheCommand::Status).unwrap();
+    assert!(
+        !status.contains(&format!("\"owner_pid\":{pid},")),
+        "the owner is the old one"
+    );
+    println!("a new owner kept all {kept} pages of the unchanged file");
+}
+
+/// The owner is killed; the next owner keeps the clean pages of a file that did not change,
+/// and none of a file that changed while no owner watched (`docs/SHARED.md`, "The owner").
+#[test]
+fn a_new_owner_keeps_clean_pages() {
+    if child_entry() {
+        return;
+    }
+    let setup = Setup::new("keep", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let status = setup
+        .spawn("a_new_owner_keeps_clean_pages", "takeover", 0, 1)
+        .wait()
+        .unwrap();
+    assert!(status.success(), "the reader failed: {status}");
 }

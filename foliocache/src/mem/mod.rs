@@ -435,6 +435,25 @@ impl Memory {
         self.desc(pfn).refcount.init();
     }
 
+    /// A folio a new owner kept from a dead owner's mapping (clean, uptodate, no longer in any
+    /// index, and left out of this memory's free lists): a new life for it, as
+    /// [`Self::alloc_folio`] gives a block it takes from the free lists, with its bytes as
+    /// they are. The caller inserts it into its file again or drops it (which frees it).
+    #[cfg(not(loom))]
+    pub(crate) fn adopt_folio(&self, pfn: u32, order: u8) -> NewFolio<'_> {
+        let desc = self.desc(pfn);
+        desc.seq.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::Release);
+        desc.order.store(order, Ordering::Relaxed);
+        desc.flags.store(0, Ordering::Relaxed);
+        desc.mapping.store(0, Ordering::Relaxed);
+        desc.index.store(0, Ordering::Relaxed);
+        desc.refcount.init();
+        NewFolio {
+            folio: FolioRef { mem: self, pfn },
+        }
+    }
+
     /// Takes a speculative reference on folio `pfn` unless it is free or frozen. The caller
     /// must then validate the folio's identity (re-check the index slot it came from).
     pub(crate) fn try_get(&self, pfn: u32) -> Option<FolioRef<'_>> {

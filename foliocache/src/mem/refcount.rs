@@ -59,7 +59,8 @@
 //!   `put` (or a `freeze`) until the allocator's [`init`](RefCount::init) of the next life:
 //!   `Memory::free_frozen` and the buddy allocator never write the count, and the only other
 //!   writers are `init` (a new life, after the block left the free lists, or a
-//!   staging folio a new owner adopts), `unfreeze` (by a freezer that holds the folio) and `reset_free` (a new shared mapping's table, before any
+//!   staging folio or a clean folio a new owner keeps from a dead owner, whose references
+//!   all died with it), `unfreeze` (by a freezer that holds the folio) and `reset_free` (a new shared mapping's table, before any
 //!   other process sees it, or a takeover, after the dead owner, the only process that took
 //!   references, has fully exited). Model: `linus_frozen_bit_stays_on_a_freed_folio`.
 //! * **ABA on the last put** (an automated review of v4, June 2026). A putter delayed between

@@ -365,6 +365,7 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         }
     }
     if let Some(free) = &free {
+        owner.adopt_clean(&free.adopt);
         // Requests the previous owner left in slots run again, now.
         for &slot in &free.claimed {
             owner.start_server(slot);
@@ -553,6 +554,35 @@ impl Owner {
         Ok((file, assigned.record, assigned.generation))
     }
 
+    /// Puts the clean folios a takeover kept back into their files, opened again from the
+    /// paths in their records; a file that cannot be opened (gone, replaced) has its folios
+    /// freed.
+    fn adopt_clean(&self, adopt: &[(usize, u32, Vec<(u32, u64, u8)>)]) {
+        let Some(local) = self.cache.local() else {
+            return;
+        };
+        let mut pages = 0;
+        for (record, generation, folios) in adopt {
+            let adopted = self
+                .file(*record, *generation)
+                .ok()
+                .and_then(|file| file.local().map(|inode| inode.adopt_clean(folios)));
+            match adopted {
+                Some(n) => pages += n,
+                None => {
+                    for &(pfn, _, order) in folios {
+                        // A new life, dropped at once: the folio goes back to the allocator.
+                        drop(local.memory().adopt_folio(pfn, order));
+                    }
+                }
+            }
+        }
+        log(
+            &self.name,
+            &format!("{pages} clean pages kept from the previous owner are in their files again"),
+        );
+    }
+
     /// The file the owner serves for `record`, if it serves one.
     fn served_file(&self, record: usize) -> Option<File> {
         self.files
@@ -589,6 +619,8 @@ impl Owner {
         for (w, v) in live.counters.iter().zip(counters) {
             w.store(v, Ordering::Relaxed);
         }
+        // The heartbeat a new owner compares file change times with (`takeover`).
+        live.counters[takeover::HEARTBEAT].store(takeover::wall_ns(), Ordering::Release);
     }
 
     /// Rewrites `NAME.clients`: every attached process, with its memfd's descriptor number
