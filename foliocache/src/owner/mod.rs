@@ -557,7 +557,7 @@ impl Owner {
     /// Puts the clean folios a takeover kept back into their files, opened again from the
     /// paths in their records; a file that cannot be opened (gone, replaced) has its folios
     /// freed.
-    fn adopt_clean(&self, adopt: &[(usize, u32, Vec<(u32, u64, u8)>)]) {
+    fn adopt_clean(&self, adopt: &[takeover::Kept]) {
         let Some(local) = self.cache.local() else {
             return;
         };

@@ -57,11 +57,14 @@ pub(super) fn wall_ns() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// Clean folios kept for one file: `(record, generation, [(folio, page index, order)])`.
+pub(super) type Kept = (usize, u32, Vec<(u32, u64, u8)>);
+
 /// What the new owner's allocator starts from.
 pub(super) struct Free {
     kept: Vec<bool>,
-    /// Clean folios kept for their files: `(record, generation, [(folio, index, order)])`.
-    pub(super) adopt: Vec<(usize, u32, Vec<(u32, u64, u8)>)>,
+    /// Clean folios kept for their files.
+    pub(super) adopt: Vec<Kept>,
     /// Staging folios kept (adopted by the new memory).
     pub(super) staging: Vec<u32>,
     /// Thread slots claimed by live clients (their servers start at once).
@@ -298,11 +301,7 @@ fn keepable_files(map: &SharedMap, heartbeat: u64) -> Vec<usize> {
 /// Step 6 of the module documentation for the files in `keep`: every folio of theirs whose
 /// descriptor is believable, marked in `kept`. Every value comes from shared memory and is
 /// checked before it is used.
-fn keep_clean_folios(
-    map: &SharedMap,
-    keep: &[usize],
-    kept: &mut [bool],
-) -> Vec<(usize, u32, Vec<(u32, u64, u8)>)> {
+fn keep_clean_folios(map: &SharedMap, keep: &[usize], kept: &mut [bool]) -> Vec<Kept> {
     let table = map.table();
     let files = map.files();
     let mut ids = std::collections::HashMap::new();
@@ -318,7 +317,8 @@ fn keep_clean_folios(
             (record, rec.generation.load(Ordering::Acquire), pages),
         );
     }
-    let mut by_record: std::collections::BTreeMap<usize, (u32, Vec<(u32, u64, u8)>)> =
+    type Folios = Vec<(u32, u64, u8)>;
+    let mut by_record: std::collections::BTreeMap<usize, (u32, Folios)> =
         std::collections::BTreeMap::new();
     for (pfn, desc) in table.iter().enumerate() {
         let id = desc.mapping.load(Ordering::Acquire);

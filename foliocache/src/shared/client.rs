@@ -34,6 +34,14 @@ const OWNER_CHECK: Duration = Duration::from_millis(50);
 /// How long a request may wait before the client says so on standard error.
 const SLOW_REQUEST: Duration = Duration::from_secs(10);
 
+/// Why one try at attaching to a new owner failed.
+enum Reattach {
+    /// The new owner went away too (its connection closed): the next one is tried.
+    OwnerGone(Error),
+    /// Anything else: the recovery fails with it.
+    Failed(Error),
+}
+
 /// Tries of the optimistic path on one folio before asking the owner.
 const HIT_TRIES: usize = 3;
 
@@ -188,20 +196,38 @@ impl Attachment {
         if self.generation.load(Ordering::Acquire) != seen {
             return Ok(());
         }
+        // The new owner can die too before this process is attached to it again (a kill
+        // storm kills every owner in turn): then the next one is started, until the time a
+        // start may take has passed.
+        let deadline = Instant::now() + runtime::START_TIMEOUT;
+        loop {
+            match self.reattach() {
+                Ok(()) => return Ok(()),
+                Err(Reattach::OwnerGone(_)) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(Reattach::OwnerGone(e) | Reattach::Failed(e)) => return Err(e),
+            }
+        }
+    }
+
+    /// One try of [`Self::recover`]: connects to (or starts) an owner, then attaches again.
+    fn reattach(self: &Arc<Self>) -> Result<(), Reattach> {
         let (conn, welcome, memfd) = connect_or_start(
             &self.paths,
             &self.settings,
             self.owner_program.as_deref(),
             Some(self.map.fd()),
-        )?;
+        )
+        .map_err(Reattach::Failed)?;
         if let Some(memfd) = memfd {
-            let theirs = SharedMap::attach(memfd)?;
+            let theirs = SharedMap::attach(memfd).map_err(Reattach::Failed)?;
             if theirs.fixed().cache_id != self.map.fixed().cache_id {
-                return Err(shared_error(
+                return Err(Reattach::Failed(shared_error(
                     self.name(),
                     "the cache this process attached to was replaced by another (destroyed, or \
                      its owner and every process holding it died): attach again",
-                ));
+                )));
             }
         }
         let process = welcome.word(0).unwrap_or(0) as u32;
@@ -216,7 +242,13 @@ impl Attachment {
                 .claim
                 .store(CLAIMED | process, Ordering::Release);
             conn.call(&Msg::new(kind::CLAIM, &[u64::from(slot)]), None)
-                .map_err(|e| io_error(self.name(), "claiming a slot from the new owner", e))?;
+                .map_err(|e| {
+                    Reattach::OwnerGone(io_error(
+                        self.name(),
+                        "claiming a slot from the new owner",
+                        e,
+                    ))
+                })?;
         }
         let files: Vec<Arc<ClientFile>> = self
             .files
@@ -228,8 +260,14 @@ impl Attachment {
         for file in files {
             let (answer, _) = conn
                 .call(&file.open_message(), Some(file.fd.as_fd()))
-                .map_err(|e| io_error(self.name(), "opening a file with the new owner", e))?;
-            file.bind(&answer)?;
+                .map_err(|e| {
+                    Reattach::OwnerGone(io_error(
+                        self.name(),
+                        "opening a file with the new owner",
+                        e,
+                    ))
+                })?;
+            file.bind(&answer).map_err(Reattach::Failed)?;
         }
         *self.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(conn);
         self.generation.fetch_add(1, Ordering::AcqRel);
