@@ -106,7 +106,9 @@ impl Setup {
                 data.extend_from_slice(&word(0, page).to_le_bytes());
             }
         }
-        std::fs::write(dir.join("data"), data).unwrap();
+        std::fs::write(dir.join("data"), &data).unwrap();
+        // A file nobody writes: its pages survive an owner's death (takeover keeps them).
+        std::fs::write(dir.join("static"), data).unwrap();
         Model::create(&dir.join("model"));
         Self {
             name: format!("t{}-{test}", std::process::id() % 100000),
@@ -231,6 +233,8 @@ fn worker() {
         .open_with(dir.join("data"), OpenOptions::new().write(true))
         .expect("open");
     let mut handle = file.handle();
+    let fixed = cache.open(dir.join("static")).expect("open");
+    let mut fixed_handle = fixed.handle();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id()) << 7;
     let mut next = move || {
         rng ^= rng << 13;
@@ -255,6 +259,14 @@ fn worker() {
                 model.done(page).store(seq, Ordering::Release);
             }
             6 => handle.sync_data().expect("fsync"),
+            7 => {
+                // The file nobody writes: always its first bytes.
+                let page = (r >> 8) % PAGES;
+                let mut bytes = vec![0u8; PAGE as usize];
+                let n = fixed_handle.read_at(&mut bytes, page * PAGE).expect("read");
+                assert_eq!(n, bytes.len());
+                check_words(&bytes, page, 0, 0, "a read of the file nobody writes");
+            }
             _ => {
                 // A read of one to three pages, from any process's pages.
                 let first = (r >> 8) % PAGES;
