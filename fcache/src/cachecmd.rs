@@ -70,6 +70,13 @@ fn print_status(json: &str) -> Result<(), serde_json::Error> {
         pages("writeback_pages")
     );
     println!("  attached processes: {}", v["processes"]);
+    if pages("last_takeover_ns") > 0 {
+        println!(
+            "  last takeover of a dead owner: {:.1} ms, {} clean pages kept",
+            pages("last_takeover_ns") as f64 / 1e6,
+            pages("last_takeover_kept_pages")
+        );
+    }
     println!(
         "  writers outside the cache: {}",
         v["outside_writers"].as_str().unwrap_or("?")

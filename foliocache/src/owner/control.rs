@@ -469,6 +469,11 @@ impl Owner {
                          until the next open after an outside write",
             }
         ));
+        out.push_str(&format!(
+            "\"last_takeover_ns\":{},\"last_takeover_kept_pages\":{},",
+            live.counters[5].load(Ordering::Relaxed),
+            live.counters[super::takeover::KEPT].load(Ordering::Relaxed)
+        ));
         if let Some(o) = &self.outside {
             out.push_str(&format!(
                 "\"outside_events\":{},\"outside_changes\":{},\"outside_overflows\":{},",
