@@ -64,3 +64,58 @@ impl Inject {
         taken
     }
 }
+
+/// Named points where a test kills the process that reaches them: a shared cache's owner
+/// started with `FOLIOCACHE_KILL_AT=POINT:MARKER` SIGKILLs itself at `POINT` if it can remove
+/// the file `MARKER` (so exactly one process dies there, once, however many owners follow).
+/// Only an owner arms them ([`arm_kill_points_from_env`]); anywhere else, and in an owner
+/// without the variable, a point costs one relaxed load of a word that is never written.
+///
+/// The points: `fill` (folios locked for a read, the reads submitted), `get-put` (a folio
+/// referenced by a lookup, before the caller's put), `index-lock` (holding a file's index
+/// writer lock), `insert` (a folio prepared for an index, not yet in it), `writeback` (folios
+/// under writeback, before their writes go out), `records` (holding the file table's lock),
+/// `takeover` (a new owner, halfway through taking over a dead one's mapping).
+pub(crate) mod kill {
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static ARMED: AtomicBool = AtomicBool::new(false);
+    static AT: OnceLock<(String, PathBuf)> = OnceLock::new();
+
+    /// Arms the point named by `FOLIOCACHE_KILL_AT` (an owner calls this when it starts).
+    pub(crate) fn arm_kill_points_from_env() {
+        let Some(value) = std::env::var_os("FOLIOCACHE_KILL_AT") else {
+            return;
+        };
+        let value = value.to_string_lossy().into_owned();
+        if let Some((point, marker)) = value.split_once(':')
+            && AT.set((point.to_owned(), PathBuf::from(marker))).is_ok()
+        {
+            ARMED.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A point named `name` (see the module's `kill` documentation).
+    #[inline]
+    pub(crate) fn point(name: &'static str) {
+        if ARMED.load(Ordering::Relaxed) {
+            reached(name);
+        }
+    }
+
+    #[cold]
+    fn reached(name: &'static str) {
+        if let Some((point, marker)) = AT.get()
+            && point == name
+            && std::fs::remove_file(marker).is_ok()
+        {
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::KILL,
+            );
+            // The signal is not blocked: nothing runs after it.
+        }
+    }
+}

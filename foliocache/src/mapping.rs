@@ -376,7 +376,9 @@ impl Mapping {
     /// Takes the writer lock (counted).
     fn lock(&self) -> IndexWriter<'_> {
         self.counters.lock_acquisitions.inc();
-        self.index.lock()
+        let writer = self.index.lock();
+        crate::inject::kill::point("index-lock");
+        writer
     }
 
     /// Returns the folio covering page `index`, referenced, or `None` if none is cached there.
@@ -393,6 +395,7 @@ impl Mapping {
                 continue;
             };
             if cursor.reload() == Some(entry) {
+                crate::inject::kill::point("get-put");
                 break Some(folio);
             }
             drop(folio);
@@ -611,6 +614,7 @@ impl Mapping {
         zeros: Zeros,
     ) -> Result<Option<u64>, Error> {
         let entry = self.prepare(folio, index, zeros)?;
+        crate::inject::kill::point("insert");
         let result = self.lock().insert(index, entry);
         match result {
             Ok(shadow) => {
@@ -650,6 +654,7 @@ impl Mapping {
             }
             index = index.wrapping_add(folio.nr_pages() as u64);
         }
+        crate::inject::kill::point("insert");
         let result = self.lock().insert_range(start, &entries);
         let inserted = result.as_ref().map_or(0, |r| r.inserted);
         let mut folios = folios;

@@ -1002,6 +1002,7 @@ impl<'f> Submission<'f> {
         cache.reclaim.add_inserted(&cache.mem, &self.inserted);
         let requests = std::mem::take(&mut self.requests);
         if !requests.is_empty() {
+            crate::inject::kill::point("fill");
             if self.waits {
                 disk.backend.read_now(requests);
             } else {

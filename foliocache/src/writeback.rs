@@ -281,6 +281,7 @@ fn pass(
         if folios.is_empty() {
             break;
         }
+        crate::inject::kill::point("writeback");
         let mut requests: Vec<Box<dyn Transfer>> = Vec::new();
         let mut run: Vec<FolioRef<'_>> = Vec::new();
         let flush = |run: &mut Vec<FolioRef<'_>>, requests: &mut Vec<Box<dyn Transfer>>| {

@@ -86,6 +86,7 @@ impl Records {
         path: &std::path::Path,
     ) -> Result<Assigned, Error> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        crate::inject::kill::point("records");
         let files = self.map.files();
         if let Some(&record) = state.by_key.get(&(dev, ino)) {
             let rec = &files[record];

@@ -101,6 +101,7 @@ pub(super) fn take_over(
     let mut keep = keepable_files(map, heartbeat);
     let (written, failed, failed_records) = write_back_dirty(name, map);
     keep.retain(|record| !failed_records.contains(record));
+    crate::inject::kill::point("takeover");
     for rec in map.files() {
         rec.root.store(0, Ordering::Release);
     }
