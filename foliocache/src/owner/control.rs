@@ -249,6 +249,14 @@ impl Owner {
                 }
             }
             kind::FILE_OP => self.file_op(msg).unwrap_or_else(|e| refuse(&e)),
+            kind::MEMFD => {
+                let fd = msg.word(0).ok().and_then(|fd| u32::try_from(fd).ok());
+                if let (Some(fd), Some(slot)) = (fd, self.map.processes().get(p as usize)) {
+                    slot.memfd.store(fd, Ordering::Release);
+                    self.write_clients_file();
+                }
+                Msg::new(kind::OK, &[])
+            }
             _ => self.admin(msg),
         }
     }

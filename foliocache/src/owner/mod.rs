@@ -242,7 +242,12 @@ fn memfd_from_clients(paths: &Paths) -> Option<OwnedFd> {
         if !runtime::alive(pid as u32, start) {
             continue;
         }
-        if let Ok(file) = std::fs::File::open(format!("/proc/{pid}/fd/{fd}")) {
+        // Read and write: the mapping is mapped writable.
+        if let Ok(file) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/fd/{fd}"))
+        {
             return Some(file.into());
         }
     }
@@ -251,6 +256,7 @@ fn memfd_from_clients(paths: &Paths) -> Option<OwnedFd> {
 
 /// The owner's life: lock, map, build, listen, serve until idle or destroyed.
 fn run(name: &str, starter: &Conn) -> Result<(), Error> {
+    crate::inject::kill::arm_kill_points_from_env();
     let settings = settings_from_env(name)?;
     let paths = Paths::of(name)?;
     let io = |what: &str, e: std::io::Error| shared_error(name, format!("{what}: {e}"));

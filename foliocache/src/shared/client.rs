@@ -97,6 +97,10 @@ impl Attachment {
         let (conn, welcome, memfd) =
             connect_or_start(&paths, &settings, owner_program.as_deref(), None)?;
         let memfd = memfd.ok_or_else(|| shared_error(name, "the owner sent no mapping"))?;
+        // Where this process holds the mapping: a new owner started by a process that holds
+        // none finds it here (`NAME.clients`), if this owner dies before this process makes
+        // a request. A failure only loses that.
+        let _ = conn.call(&Msg::new(kind::MEMFD, &[memfd.as_raw_fd() as u64]), None);
         let map = Arc::new(SharedMap::attach(memfd)?);
         let policy = match map.fixed().settings[super::settings::REFCOUNT] {
             1 => RefcountPolicy::Cas,
@@ -890,8 +894,9 @@ fn connect_or_start(
                         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
                     )
                 {
-                    start_owner(paths, settings, program, memfd)?;
-                    started = true;
+                    // An owner that dies before it is ready (killed while it takes over a
+                    // dead one's mapping) leaves the start to be made again.
+                    started = start_owner(paths, settings, program, memfd)?;
                     continue;
                 }
             }
@@ -912,13 +917,14 @@ fn connect_or_start(
 
 /// Starts an owner for `paths`' cache: the owner program, told the settings, handed `memfd`
 /// if this process holds the cache already (a takeover), and waited for until it says it is
-/// ready (or that another owner already runs, or why it failed).
+/// ready (or that another owner already runs, or why it failed). `Ok(false)`: it ended before
+/// it was ready (killed while it took over), and another may be started.
 fn start_owner(
     paths: &Paths,
     settings: &[u64; SETTINGS_WORDS],
     program: Option<&Path>,
     memfd: Option<&OwnedFd>,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let name = &paths.name;
     let program = runtime::owner_program(name, program)?;
     let (ours, theirs) = Conn::pair().map_err(|e| io_error(name, "socketpair", e))?;
@@ -943,18 +949,13 @@ fn start_owner(
     ours.send(&start, memfd.map(AsFd::as_fd))
         .map_err(|e| io_error(name, "cannot hand the owner its start", e))?;
     match ours.recv() {
-        Ok(Some((msg, _))) if msg.kind == kind::OK => Ok(()),
+        Ok(Some((msg, _))) if msg.kind == kind::OK => Ok(true),
         Ok(Some((msg, _))) if msg.kind == kind::ERROR => Err(shared_error(
             name,
             format!("the owner could not start: {}", msg.text),
         )),
-        Ok(_) => Err(shared_error(
-            name,
-            format!(
-                "the owner ended before it was ready (see {})",
-                paths.log.display()
-            ),
-        )),
+        // It ended before it was ready (its log says why): the caller may start another.
+        Ok(_) => Ok(false),
         Err(e) => Err(io_error(name, "waiting for the owner to start", e)),
     }
 }

@@ -58,6 +58,10 @@ pub(crate) mod kind {
     pub(crate) const DESTROY: u32 = 15;
     /// Client → owner: `[pages]`: evict clean folios.
     pub(crate) const EVICT: u32 = 16;
+    /// Client → owner, right after the welcome: `[fd]`, the descriptor number at which this
+    /// process holds the mapping (listed in `NAME.clients`, so that a new owner started by a
+    /// process that holds none can find the mapping through this one).
+    pub(crate) const MEMFD: u32 = 17;
 }
 
 /// The file operations of `kind::FILE_OP` (word 2).
