@@ -261,3 +261,77 @@ fn clearing_a_live_clients_pin_is_caught() {
         "the model missed a free under a live client's pin"
     );
 }
+
+/// What is at the root while a takeover has emptied it.
+const EMPTY: usize = usize::MAX;
+
+/// A shared cache's takeover against a client's optimistic read (`owner/takeover.rs`,
+/// `wait_for_pins`, restated here because the owner is not built under loom): the new owner
+/// empties the file's root, moves the clients' epoch mirror on by two, and waits until every
+/// client pin is idle or taken with the new value; only then is the old tree's memory reused.
+/// A client pins with the mirror's value, then reads the root. `empty_first` false is the
+/// flawed order (wait, then empty), which the last model must catch.
+fn takeover_vs_client_read(empty_first: bool) -> bool {
+    let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let found = seen.clone();
+    loom::model(move || {
+        let world = World::new(1);
+        let clients = Arc::new(Clients {
+            pins: vec![loom::sync::atomic::AtomicU64::new(0)],
+            mirror: loom::sync::atomic::AtomicU64::new(1),
+        });
+        let client = {
+            let (world, clients) = (Arc::clone(&world), Arc::clone(&clients));
+            thread::spawn(move || {
+                let pin = &clients.pins[0];
+                epoch::external_pin(pin, &clients.mirror);
+                let root = world.slot.load(Ordering::Acquire);
+                let mut freed = false;
+                if root != EMPTY {
+                    loom::thread::yield_now();
+                    freed = world.freed[root].load(Ordering::Relaxed);
+                }
+                epoch::external_unpin(pin);
+                freed
+            })
+        };
+        let wait_for_pins = || {
+            let now = clients.mirror.fetch_add(2, Ordering::SeqCst) + 2;
+            loom::sync::atomic::fence(Ordering::SeqCst);
+            while !epoch::pin_caught_up(clients.pins[0].load(Ordering::SeqCst), now) {
+                loom::thread::yield_now();
+            }
+        };
+        if empty_first {
+            world.slot.store(EMPTY, Ordering::Release);
+            wait_for_pins();
+        } else {
+            wait_for_pins();
+            world.slot.store(EMPTY, Ordering::Release);
+        }
+        // The old tree's pages go back to the allocator.
+        world.freed[0].store(true, Ordering::Relaxed);
+        if client.join().unwrap() {
+            found.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    seen.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+#[test]
+fn takeover_waits_for_a_clients_read_of_the_old_tree() {
+    assert!(
+        !takeover_vs_client_read(true),
+        "a client read memory the takeover had freed"
+    );
+}
+
+/// The flawed order (wait for the pins, then empty the root): the model must find the read of
+/// freed memory.
+#[test]
+fn takeover_that_waits_before_emptying_the_root_is_caught() {
+    assert!(
+        takeover_vs_client_read(false),
+        "the model missed a takeover that waits before emptying the root"
+    );
+}
