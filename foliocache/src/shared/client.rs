@@ -341,7 +341,60 @@ impl Attachment {
         self: &Arc<Self>,
         request: &[u64; MAIL_WORDS],
     ) -> Result<[u64; MAIL_WORDS], Error> {
-        let slot = self.slot()?;
+        self.call_with(request, None)
+    }
+
+    /// [`Self::call`], with `payload` copied into the thread's staging folio first (a write's
+    /// bytes). If an owner takes the slot away while the request waits (it freed the slot of
+    /// a process it took for dead: the request is gone, and the slot may be another's now),
+    /// the request is made again in a new slot, payload included; requests are idempotent.
+    pub(crate) fn call_with(
+        self: &Arc<Self>,
+        request: &[u64; MAIL_WORDS],
+        payload: Option<&[u8]>,
+    ) -> Result<[u64; MAIL_WORDS], Error> {
+        loop {
+            let slot = self.slot()?;
+            if let Some(data) = payload {
+                let (pfn, order, _) = self.staging()?;
+                if !self.map.copy_in(pfn, order, 0, data) {
+                    return Err(Error::SharedMapping(
+                        "the thread's staging folio lies outside the arena".to_owned(),
+                    ));
+                }
+            }
+            if let Some(reply) = self.submit(slot, request)? {
+                return Ok(reply);
+            }
+            self.lose_slot(slot);
+        }
+    }
+
+    /// A slot an owner took away: this thread and this process forget it, touching none of
+    /// its words (another process may hold it now).
+    fn lose_slot(&self, slot: u32) {
+        self.claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&s| s != slot);
+        CLAIMS.with(|claims| {
+            let mut claims = claims.borrow_mut();
+            let kept: Vec<Claim> = claims
+                .0
+                .drain(..)
+                .filter(|c| !(c.attachment == self.id && c.slot == slot))
+                .collect();
+            claims.0 = kept;
+        });
+    }
+
+    /// Submits `request` in `slot` and waits: the answer, or `None` if the slot was taken
+    /// away meanwhile.
+    fn submit(
+        self: &Arc<Self>,
+        slot: u32,
+        request: &[u64; MAIL_WORDS],
+    ) -> Result<Option<[u64; MAIL_WORDS]>, Error> {
         let t = &self.map.threads()[slot as usize];
         let mut generation = self.generation.load(Ordering::Acquire);
         mailbox::write_request(t, request);
@@ -370,7 +423,16 @@ impl Attachment {
             if state == DONE {
                 let reply = mailbox::read_reply(t);
                 t.state.store(FREE, Ordering::Release);
-                return Ok(reply);
+                return Ok(Some(reply));
+            }
+            if state == FREE
+                || t.claim.load(Ordering::Acquire)
+                    != CLAIMED | self.process_slot.load(Ordering::Acquire)
+            {
+                // Only an owner frees a slot whose request waits: it is gone.
+                if self.generation.load(Ordering::Acquire) == generation && !self.owner_gone() {
+                    return Ok(None);
+                }
             }
             mailbox::wait(&t.state, state, OWNER_CHECK);
             if t.state.load(Ordering::Acquire) == state && self.owner_gone() {
@@ -594,7 +656,16 @@ impl ClientFile {
 
     /// A request's answer, or its error.
     fn call(&self, request: &[u64; MAIL_WORDS]) -> Result<[u64; MAIL_WORDS], Error> {
-        let reply = self.attachment.call(request)?;
+        self.call_with(request, None)
+    }
+
+    /// [`Self::call`] with a write's bytes (see [`Attachment::call_with`]).
+    fn call_with(
+        &self,
+        request: &[u64; MAIL_WORDS],
+        payload: Option<&[u8]>,
+    ) -> Result<[u64; MAIL_WORDS], Error> {
+        let reply = self.attachment.call_with(request, payload)?;
         let result = reply[at::RESULT] as i64;
         if result < 0 {
             return Err(mailbox::decode_error(
@@ -692,7 +763,7 @@ impl ClientFile {
                 }
                 Hit::Miss => {}
             }
-            let (pfn, order, room) = self.attachment.staging()?;
+            let (_, _, room) = self.attachment.staging()?;
             let want = (len - done).min(room);
             let mut request = self.request(op::READ);
             request[at::A] = at_byte;
@@ -716,6 +787,9 @@ impl ClientFile {
             if got == 0 {
                 break; // end of file (the file shrank meanwhile)
             }
+            // The slot's staging folio now: the request may have been made again in a new
+            // slot (`Attachment::call_with`).
+            let (pfn, order, _) = self.attachment.staging()?;
             if !self
                 .attachment
                 .map
@@ -740,21 +814,12 @@ impl ClientFile {
         }
         let mut done = 0;
         while done < data.len() {
-            let (pfn, order, room) = self.attachment.staging()?;
+            let (_, _, room) = self.attachment.staging()?;
             let n = (data.len() - done).min(room);
-            if !self
-                .attachment
-                .map
-                .copy_in(pfn, order, 0, &data[done..done + n])
-            {
-                return Err(Error::SharedMapping(
-                    "the thread's staging folio lies outside the arena".to_owned(),
-                ));
-            }
             let mut request = self.request(op::WRITE);
             request[at::A] = pos + done as u64;
             request[at::B] = n as u64;
-            let reply = self.call(&request)?;
+            let reply = self.call_with(&request, Some(&data[done..done + n]))?;
             let wrote = (reply[at::RESULT] as usize).min(n);
             done += wrote;
             if wrote < n {
