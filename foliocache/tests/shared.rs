@@ -823,12 +823,8 @@ fn a_new_owner_keeps_clean_pages() {
 /// reference and its put, with folios under writeback, holding the file table's lock, halfway
 /// through a takeover) while workers read and write under the model: the point must be
 /// reached (its marker file is gone), no worker hangs, every byte read matches the model, and
-/// after a final sync storage equals it. Each point passes runs of its own; in runs of the
-/// whole test binary (every test at once on two CPUs) a worker hung in 2 of 10, each time
-/// after a takeover that ran a request left in flight again (open, docs/SHARED.md), so these
-/// run on demand: `cargo test -p foliocache --test shared -- --ignored`.
+/// after a final sync storage equals it.
 #[test]
-#[ignore = "a worker can hang after a takeover runs a request in flight again (open, see docs/SHARED.md)"]
 fn owner_killed_at_named_points() {
     if child_entry() {
         return;
@@ -840,10 +836,8 @@ fn owner_killed_at_named_points() {
 }
 
 /// The same at the points around an insertion into an index: holding folio locks for a fill,
-/// holding an index's writer lock, a folio prepared but not yet in the index (on demand, as
-/// above).
+/// holding an index's writer lock, a folio prepared but not yet in the index.
 #[test]
-#[ignore = "a worker can hang after a takeover runs a request in flight again (open, see docs/SHARED.md)"]
 fn owner_killed_around_an_insertion() {
     if child_entry() {
         return;
