@@ -378,13 +378,10 @@ impl Attachment {
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|&s| s != slot);
         CLAIMS.with(|claims| {
-            let mut claims = claims.borrow_mut();
-            let kept: Vec<Claim> = claims
+            claims
+                .borrow_mut()
                 .0
-                .drain(..)
-                .filter(|c| !(c.attachment == self.id && c.slot == slot))
-                .collect();
-            claims.0 = kept;
+                .retain(|c| !(c.attachment == self.id && c.slot == slot));
         });
     }
 
