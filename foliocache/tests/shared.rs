@@ -614,24 +614,63 @@ fn another_user_cannot_attach() {
     drop(cache);
 }
 
-/// The child of `an_outside_writer_is_seen_by_readers`: a reader attached to the cache, and a
-/// writer beside it that does not use the cache (a plain descriptor, kept open so that no
-/// close event helps). After each outside write returned, the reader reads through the cache
-/// until it sees the new bytes, under a deadline; it prints how long that took.
+/// The file's state in the owner's status (`"lease"`, `"passing through"`, `"inotify"`).
+fn file_signal(name: &str, path: &Path) -> String {
+    let status = foliocache::cache_command(name, CacheCommand::Status).unwrap();
+    let at = status
+        .find(&format!("\"path\":{:?}", path.display().to_string()))
+        .unwrap_or_else(|| panic!("the owner does not list {}: {status}", path.display()));
+    status[at..]
+        .split("\"signal\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Waits (5 s at most) until the owner lists `path` with `signal`.
+fn wait_for_signal(name: &str, path: &Path, signal: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = file_signal(name, path);
+        if now == signal {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: the owner shows {now:?}, not {signal:?}, after 5 s",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The child of the outside-writer tests: a reader attached to the cache, and in the same
+/// process a plain descriptor (outside the cache) writing and truncating the file the reader
+/// reads. `FC_SLOT` 1: the reader holds the file read-only, so the owner holds a lease and
+/// every read after an outside write returned must see it; 0: the reader holds it writable
+/// (no lease), so the inotify watch sees the writes, within a window this measures.
 fn outside_reader() {
     use std::os::unix::fs::FileExt;
     let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
     let name = std::env::var("FC_NAME").unwrap();
+    let leased = std::env::var("FC_SLOT").unwrap() == "1";
     let cache = Cache::builder()
         .capacity(32 << 20)
         .io_engine(EngineKind::Threads)
         .idle_timeout(Duration::from_secs(5))
-        .shared(name)
+        .shared(name.clone())
         .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
         .build()
         .expect("attach");
     let path = dir.join("data");
-    let file = cache.open(&path).expect("open");
+    let file = if leased {
+        cache.open(&path).expect("open")
+    } else {
+        cache
+            .open_with(&path, OpenOptions::new().write(true))
+            .expect("open")
+    };
     let mut handle = file.handle();
     let mut page = vec![0u8; PAGE as usize];
     assert_eq!(handle.read_at(&mut page, 0).unwrap(), PAGE as usize);
@@ -640,7 +679,14 @@ fn outside_reader() {
         file.cached_ranges().iter().any(|r| r.first == 0),
         "page 0 is not in the shared cache after a read"
     );
+    wait_for_signal(&name, &path, if leased { "lease" } else { "inotify" });
+    let opening = Instant::now();
     let outside = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    let opened_after = opening.elapsed();
+    if leased {
+        // The owner stopped serving the file before the kernel let this open return.
+        assert_eq!(file_signal(&name, &path), "passing through");
+    }
     let mut windows = Vec::new();
     for round in 1..=20u64 {
         let bytes: Vec<u8> = (0..PAGE / 8)
@@ -655,6 +701,11 @@ fn outside_reader() {
                 check_words(&page, 0, round, round, "a read after the outside write");
                 break;
             }
+            assert!(
+                !leased,
+                "round {round}: a read after an outside write returned got the old bytes, \
+                 though the owner held a lease"
+            );
             // Until the event arrives the reader may see the write before, never another.
             check_words(&page, 0, round - 1, round - 1, "a read in the window");
             assert!(
@@ -664,13 +715,19 @@ fn outside_reader() {
             std::thread::yield_now();
         }
         windows.push(written.elapsed());
-        // The page is cached again before the next round's write.
-        assert!(file.cached_ranges().iter().any(|r| r.first == 0));
+        if !leased {
+            // The page is cached again before the next round's write.
+            assert!(file.cached_ranges().iter().any(|r| r.first == 0));
+        }
     }
     // An outside truncation: the cache's size follows.
     outside.set_len(PAGES * PAGE / 2).unwrap();
     let truncated = Instant::now();
     while file.size() != PAGES * PAGE / 2 {
+        assert!(
+            !leased,
+            "the size did not follow an outside truncation at once"
+        );
         let _ = handle.read_at(&mut page, PAGES * PAGE / 2);
         assert!(
             truncated.elapsed() < Duration::from_secs(10),
@@ -679,18 +736,33 @@ fn outside_reader() {
         std::thread::sleep(Duration::from_millis(1));
     }
     assert_eq!(handle.read_at(&mut page, PAGES * PAGE / 2).unwrap(), 0);
+    let truncated_after = truncated.elapsed();
+    drop(outside);
+    if leased {
+        // The writer is gone: the owner leases the file again and serves it from the cache.
+        wait_for_signal(&name, &path, "lease");
+        assert_eq!(handle.read_at(&mut page, 0).unwrap(), PAGE as usize);
+        check_words(&page, 0, 20, 20, "a read once the lease is back");
+        assert!(
+            file.cached_ranges().iter().any(|r| r.first == 0),
+            "page 0 is not cached again once the owner leases the file again"
+        );
+        assert_eq!(file.size(), PAGES * PAGE / 2);
+    }
     windows.sort();
     println!(
-        "outside writer seen after: median {:?}, max {:?} (20 writes); truncation after {:?}",
+        "{}: the outside open waited {opened_after:?}; writes seen after: median {:?}, max {:?} \
+         (20 writes); truncation after {truncated_after:?}",
+        if leased { "leased" } else { "watched" },
         windows[windows.len() / 2],
         windows[windows.len() - 1],
-        truncated.elapsed()
     );
 }
 
-/// A program outside the cache writes and truncates a file a shared cache serves: a reader
-/// attached to the cache sees each change once the owner's inotify watch has reported it
-/// (`docs/SHARED.md`, "Writers outside the cache"), never bytes older than the last write.
+/// A program outside the cache writes and truncates a file a shared cache serves, while a
+/// reader attached to the cache holds it writable: no lease can be had, and the reader sees
+/// each change once the owner's inotify watch has reported it (`docs/SHARED.md`, "Writers
+/// outside the cache"), never bytes older than the last write.
 #[test]
 fn an_outside_writer_is_seen_by_readers() {
     if child_entry() {
@@ -711,6 +783,39 @@ fn an_outside_writer_is_seen_by_readers() {
         .unwrap_or_else(|| panic!("the owner has no outside-writer watch: {status}"));
     // Each of the 21 changes was found by the watch (nothing else revalidates the file here).
     assert!(changes >= 21, "the watch found {changes} changes: {status}");
+}
+
+/// The same outside writer while the reader holds the file read-only: the owner holds a read
+/// lease, the writer's open waits until the owner has stopped serving the file, and every
+/// read after a write returned sees it (no window); once the writer closes, the owner leases
+/// the file again and serves it from the cache.
+#[test]
+fn a_lease_holds_an_outside_writer_until_the_cache_lets_go() {
+    if child_entry() {
+        return;
+    }
+    let setup = Setup::new("lease", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let child = setup
+        .spawn(
+            "a_lease_holds_an_outside_writer_until_the_cache_lets_go",
+            "outside",
+            1,
+            1,
+        )
+        .wait_with_output();
+    let out = child.unwrap();
+    assert!(out.status.success(), "the reader failed: {}", out.status);
+    let status = setup.admin(CacheCommand::Status).unwrap_or_default();
+    let count = |key: &str| -> u64 {
+        status
+            .split(&format!("\"{key}\":"))
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in the status: {status}"))
+    };
+    assert!(count("leases_taken") >= 2, "{status}");
+    assert_eq!(count("lease_breaks"), 1, "{status}");
 }
 
 /// Whether process `pid` has exited (gone, or a zombie).

@@ -18,6 +18,8 @@
 //! submission and completion queues.
 
 mod direct;
+#[cfg(not(loom))]
+pub(crate) mod lease;
 pub mod probe;
 mod threads;
 mod uring;

@@ -330,8 +330,31 @@ impl Owner {
             (0, None) => self.max_order,
             (w, _) => (w - 1).min(9) as u8,
         };
+        if write
+            && let Some(record) = self
+                .cache
+                .local()
+                .and_then(|l| l.records())
+                .and_then(|r| r.find(key))
+        {
+            self.end_lease(record);
+        }
         let (file, record, generation) = self.open_path(&path, key, write, max_order)?;
         let order = file.max_order();
+        self.serve_opened(record, generation, file, write);
+        if write {
+            self.serve_watched(record);
+        } else {
+            self.try_lease(record);
+        }
+        Ok(Msg::new(
+            kind::OPENED,
+            &[record as u64, u64::from(generation), u64::from(order)],
+        ))
+    }
+
+    /// Counts a client's open of `record`'s file in the owner's table.
+    fn serve_opened(&self, record: usize, generation: u32, file: File, write: bool) {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         let served = files.entry(record).or_insert(Served {
             file: file.clone(),
@@ -348,10 +371,6 @@ impl Owner {
             served.file = file;
         }
         served.opens += 1;
-        Ok(Msg::new(
-            kind::OPENED,
-            &[record as u64, u64::from(generation), u64::from(order)],
-        ))
     }
 
     /// A file operation through the control socket: `[record, generation, op, a, b]`.
@@ -468,10 +487,12 @@ impl Owner {
             super::shmem_huge_pages(),
             match &self.outside {
                 Some(_) =>
-                    "inotify (no exact signal: a change by a program outside the cache \
-                            drops the file's clean pages when its event arrives, after the \
-                            write returned; writes through mmap raise no event and are seen at \
-                            the next open)",
+                    "a read lease on each file no process holds writable (exact: an outside \
+                            open for writing waits until the cache stops serving the file); \
+                            otherwise inotify (no exact signal: a change by a program outside \
+                            the cache drops the file's clean pages when its event arrives, after \
+                            the write returned; writes through mmap raise no event and are seen \
+                            at the next open)",
                 None =>
                     "revalidation on open only (no inotify): a reader may see old bytes \
                          until the next open after an outside write",
@@ -481,6 +502,12 @@ impl Owner {
             "\"last_takeover_ns\":{},\"last_takeover_kept_pages\":{},",
             live.counters[5].load(Ordering::Relaxed),
             live.counters[super::takeover::KEPT].load(Ordering::Relaxed)
+        ));
+        out.push_str(&format!(
+            "\"leases_taken\":{},\"lease_breaks\":{},\"leases_refused\":{},",
+            self.leases.taken.load(Ordering::Relaxed),
+            self.leases.breaks.load(Ordering::Relaxed),
+            self.leases.refused.load(Ordering::Relaxed)
         ));
         if let Some(o) = &self.outside {
             out.push_str(&format!(
@@ -518,8 +545,17 @@ impl Owner {
                 .map(|p| p.display().to_string())
                 .unwrap_or_default();
             let stats = file.mapping_stats();
+            let rec = &self.map.files()[*record];
+            let signal = if rec.serving.load(Ordering::Acquire) & 1 == 1 {
+                "passing through"
+            } else if rec.signal.load(Ordering::Acquire) == super::leases::LEASE {
+                "lease"
+            } else {
+                "inotify"
+            };
             out.push_str(&format!(
-                "{{\"path\":{:?},\"size\":{},\"cached_pages\":{},\"dirty_pages\":{},\"ranges\":[",
+                "{{\"path\":{:?},\"signal\":{signal:?},\"size\":{},\"cached_pages\":{},\
+                 \"dirty_pages\":{},\"ranges\":[",
                 path,
                 file.size(),
                 stats.cached_pages,

@@ -13,6 +13,7 @@
 //! builds the cache, listens, and tells its starter it is ready.
 
 mod control;
+mod leases;
 mod outside;
 mod serve;
 mod takeover;
@@ -74,6 +75,11 @@ pub fn main() -> i32 {
         };
     }
     let _ = rustix::process::setsid();
+    // Before any thread starts: lease breaks wait for the lease thread (`leases.rs`).
+    if let Err(e) = crate::io::lease::block_signals() {
+        eprintln!("foliocache-owner: cannot block the lease signals: {e}");
+        return 1;
+    }
     // Standard input is the socket to the starter.
     let stdin = match std::io::stdin().as_fd().try_clone_to_owned() {
         Ok(fd) => fd,
@@ -142,6 +148,8 @@ pub(crate) struct Owner {
     /// The watches for writers outside the cache (`None`: inotify could not be had, and
     /// only a revalidation on open sees their changes).
     outside: Option<Arc<outside::Outside>>,
+    /// The read leases on files no process holds writable (the exact signal).
+    leases: leases::Leases,
 }
 
 /// Takes the cache's lock. Held by another process, it is either a live owner (or one starting,
@@ -290,6 +298,14 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         Some(fd) => {
             let map = Arc::new(SharedMap::attach(fd)?);
             let free = takeover::take_over(name, &map, policy.refcount)?;
+            // The dead owner's leases went with it: every file is served and watched until
+            // this owner leases it (`leases.rs`).
+            for rec in map.files() {
+                if rec.serving.load(Ordering::Acquire) & 1 == 1 {
+                    rec.serving.fetch_add(1, Ordering::AcqRel);
+                }
+                rec.signal.store(leases::WATCH, Ordering::Release);
+            }
             (map, Some(free))
         }
         None => {
@@ -360,7 +376,17 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
                 None
             }
         },
+        leases: leases::Leases::default(),
     });
+    {
+        let owner = Arc::clone(&owner);
+        let spawned = std::thread::Builder::new()
+            .name("fc-leases".into())
+            .spawn(move || leases::run(&owner));
+        if let Err(e) = spawned {
+            log(name, &format!("outside writers: no lease thread ({e})"));
+        }
+    }
     if let Some(watcher) = owner.outside.clone() {
         let owner = Arc::clone(&owner);
         let spawned = std::thread::Builder::new()
@@ -417,6 +443,9 @@ impl Owner {
                 }
             }
             self.reap_dead();
+            for record in self.passing_through() {
+                self.try_lease(record);
+            }
             self.publish_counters();
             let idle_for = self
                 .idle_since

@@ -634,8 +634,49 @@ impl ClientFile {
         )
     }
 
-    /// The file's size, from its record.
+    /// Whether the owner has stopped serving the file: its read lease broke (another process
+    /// opens the file for writing, `docs/SHARED.md`, "Writers outside the cache"), so this
+    /// read-only handle reads storage through its own descriptor until the owner has a lease
+    /// again. A writable handle never passes through: the owner serves a file a client holds
+    /// writable (its reads must see the cache's dirty pages).
+    fn passing_through(&self) -> bool {
+        let (record, _) = self.ids();
+        !self.write
+            && self.attachment.map.files()[record]
+                .serving
+                .load(Ordering::Acquire)
+                & 1
+                == 1
+    }
+
+    /// Reads `buf.len()` bytes at `pos` from storage, through this process's descriptor.
+    fn read_through(&self, buf: &mut [u8], pos: u64) -> Result<usize, Error> {
+        let mut done = 0;
+        while done < buf.len() {
+            let at_byte = pos + done as u64;
+            match rustix::io::pread(&self.fd, &mut buf[done..], at_byte) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    return Err(Error::Io {
+                        offset: at_byte,
+                        len: (buf.len() - done) as u64,
+                        source: e.into(),
+                    });
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// The file's size: from its record, or from storage while passing through.
     pub(crate) fn size(&self) -> u64 {
+        if self.passing_through()
+            && let Ok(stat) = rustix::fs::fstat(&self.fd)
+        {
+            return stat.st_size as u64;
+        }
         let (record, _) = self.ids();
         self.attachment.map.files()[record]
             .size
@@ -745,6 +786,9 @@ impl ClientFile {
         buf: &mut [u8],
         pos: u64,
     ) -> Result<usize, Error> {
+        if self.passing_through() {
+            return self.read_through(buf, pos);
+        }
         let size = self.size();
         if buf.is_empty() || pos >= size {
             return Ok(0);
@@ -843,6 +887,9 @@ impl ClientFile {
 
     /// Forced readahead of `offset..offset + len` with the handle's state.
     pub(crate) fn readahead(&self, ra: &mut RaState, offset: u64, len: u64) -> Result<(), Error> {
+        if self.passing_through() {
+            return Ok(());
+        }
         let mut request = self.request(op::READAHEAD);
         request[at::A] = offset;
         request[at::B] = len;
