@@ -9,6 +9,12 @@
 //!
 //! The rule checked (the kernel's page cache's): a read that starts after a write returned sees
 //! that write or a later one, never an older one, and never a write not yet started.
+//!
+//! Truncation: each worker slot also owns a small file, `tail-SLOT`, which only it writes and
+//! truncates and every worker reads. Its model counts events per page (a write, or a
+//! truncation that cut the page) and remembers the last truncation: a read may see zeros, or
+//! end before the page, only if a truncation that cut the page happened since the last event
+//! that returned before the read started.
 
 mod common;
 
@@ -22,6 +28,8 @@ const PAGES: u64 = 64;
 const PAGE: u64 = 4096;
 /// The model's words: per page `started`, `done`; then per worker slot a heartbeat.
 const SLOTS: usize = 8;
+/// Pages of each slot's `tail-SLOT` file.
+const TAIL_PAGES: u64 = 8;
 
 fn word(seq: u64, page: u64) -> u64 {
     seq << 20 | page
@@ -34,7 +42,7 @@ struct Model {
 
 impl Model {
     fn create(path: &Path) -> Self {
-        let len = (2 * PAGES as usize + SLOTS + 1) * 8;
+        let len = (2 * PAGES as usize + SLOTS + 1 + 3 * SLOTS * TAIL_PAGES as usize) * 8;
         std::fs::write(path, vec![0u8; len]).unwrap();
         Self::open(path)
     }
@@ -80,6 +88,35 @@ impl Model {
     fn stop(&self) -> &AtomicU64 {
         &self.words[2 * PAGES as usize + SLOTS]
     }
+
+    /// The tail files' words: per slot and page, the last event started, the last that
+    /// returned, and the last truncation started.
+    fn tail(&self, slot: usize, page: u64, which: usize) -> &AtomicU64 {
+        let base = 2 * PAGES as usize + SLOTS + 1;
+        &self.words[base + (slot * TAIL_PAGES as usize + page as usize) * 3 + which]
+    }
+}
+
+const STARTED: usize = 0;
+const DONE: usize = 1;
+const TRUNCATED: usize = 2;
+
+/// Checks one page of a tail file (`bytes`, however many were read) against its model: the
+/// last event that returned before the read (`low`) and the last started after it (`high`),
+/// and the last truncation started (`truncated`).
+fn check_tail(bytes: &[u8], page: u64, low: u64, high: u64, truncated: u64, what: &str) {
+    let zero = bytes.is_empty() || bytes.iter().all(|&b| b == 0);
+    if zero {
+        assert!(
+            truncated >= low,
+            "{what}: page {page} reads as cut off or zero ({} bytes), yet no truncation of it \
+             started since event {low} returned (the last is {truncated})",
+            bytes.len()
+        );
+        return;
+    }
+    assert_eq!(bytes.len() as u64, PAGE, "{what}: page {page} read in part");
+    check_words(bytes, page, low, high, what);
 }
 
 /// One test's setting: a runtime directory of its own, a data file, the model, a cache name.
@@ -108,7 +145,14 @@ impl Setup {
         }
         std::fs::write(dir.join("data"), &data).unwrap();
         // A file nobody writes: its pages survive an owner's death (takeover keeps them).
-        std::fs::write(dir.join("static"), data).unwrap();
+        std::fs::write(dir.join("static"), &data).unwrap();
+        for slot in 0..SLOTS {
+            std::fs::write(
+                dir.join(format!("tail-{slot}")),
+                &data[..(TAIL_PAGES * PAGE) as usize],
+            )
+            .unwrap();
+        }
         Model::create(&dir.join("model"));
         Self {
             name: format!("t{}-{test}", std::process::id() % 100000),
@@ -163,6 +207,26 @@ impl Setup {
             let started = model.started(page).load(Ordering::Acquire);
             let bytes = &data[(page * PAGE) as usize..((page + 1) * PAGE) as usize];
             check_words(bytes, page, done, started, "storage after the final sync");
+        }
+        for slot in 0..SLOTS {
+            let tail = std::fs::read(self.dir.join(format!("tail-{slot}"))).unwrap();
+            assert_eq!(
+                tail.len() as u64 % PAGE,
+                0,
+                "tail-{slot} ends within a page"
+            );
+            for page in 0..TAIL_PAGES {
+                let at = ((page * PAGE) as usize).min(tail.len());
+                let end = (((page + 1) * PAGE) as usize).min(tail.len());
+                check_tail(
+                    &tail[at..end],
+                    page,
+                    model.tail(slot, page, DONE).load(Ordering::Acquire),
+                    model.tail(slot, page, STARTED).load(Ordering::Acquire),
+                    model.tail(slot, page, TRUNCATED).load(Ordering::Acquire),
+                    &format!("tail-{slot} on storage after the final sync"),
+                );
+            }
         }
     }
 }
@@ -235,6 +299,15 @@ fn worker() {
     let mut handle = file.handle();
     let fixed = cache.open(dir.join("static")).expect("open");
     let mut fixed_handle = fixed.handle();
+    // Its own tail file, writable; the others' read-only.
+    let tails: Vec<foliocache::File> = (0..workers as usize)
+        .map(|s| {
+            let options = OpenOptions::new().write(s == slot);
+            cache
+                .open_with(dir.join(format!("tail-{s}")), options)
+                .expect("open a tail file")
+        })
+        .collect();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id()) << 7;
     let mut next = move || {
         rng ^= rng << 13;
@@ -244,9 +317,10 @@ fn worker() {
     };
     let mut buf = vec![0u8; PAGE as usize];
     let mut ops = 0u64;
+    let (mut truncations, mut cut_reads) = (0u64, 0u64);
     while model.stop().load(Ordering::Acquire) == 0 {
         let r = next();
-        match r % 16 {
+        match r % 20 {
             0..=5 => {
                 let page = (r >> 8) % (PAGES / workers) * workers + slot as u64;
                 let seq = model.started(page).load(Ordering::Acquire) + 1;
@@ -259,6 +333,69 @@ fn worker() {
                 model.done(page).store(seq, Ordering::Release);
             }
             6 => handle.sync_data().expect("fsync"),
+            16 => {
+                // A write of a page of its own tail file (extending it if it was cut).
+                let page = (r >> 8) % TAIL_PAGES;
+                let seq = model.tail(slot, page, STARTED).load(Ordering::Acquire) + 1;
+                model
+                    .tail(slot, page, STARTED)
+                    .store(seq, Ordering::Release);
+                for chunk in buf.chunks_exact_mut(8) {
+                    chunk.copy_from_slice(&word(seq, page).to_le_bytes());
+                }
+                let n = tails[slot]
+                    .handle()
+                    .write_at(&buf, page * PAGE)
+                    .expect("write a tail page");
+                assert_eq!(n, PAGE as usize);
+                model.tail(slot, page, DONE).store(seq, Ordering::Release);
+            }
+            17 => {
+                // A truncation of its own tail file to `keep` pages (all: an extension, which
+                // cuts nothing).
+                let keep = (r >> 8) % (TAIL_PAGES + 1);
+                let size = tails[slot].size();
+                let cut: Vec<(u64, u64)> = (keep..TAIL_PAGES)
+                    .filter(|&p| p * PAGE < size)
+                    .map(|p| {
+                        let id = model.tail(slot, p, STARTED).load(Ordering::Acquire) + 1;
+                        model.tail(slot, p, TRUNCATED).store(id, Ordering::Release);
+                        model.tail(slot, p, STARTED).store(id, Ordering::Release);
+                        (p, id)
+                    })
+                    .collect();
+                tails[slot]
+                    .set_len(keep * PAGE)
+                    .expect("truncate a tail file");
+                for (p, id) in cut {
+                    model.tail(slot, p, DONE).store(id, Ordering::Release);
+                }
+                truncations += 1;
+            }
+            18 | 19 => {
+                // A read of one page of any slot's tail file.
+                let s = (r >> 8) as usize % workers as usize;
+                let page = (r >> 16) % TAIL_PAGES;
+                let low = model.tail(s, page, DONE).load(Ordering::Acquire);
+                let mut bytes = vec![0u8; PAGE as usize];
+                let n = tails[s]
+                    .handle()
+                    .read_at(&mut bytes, page * PAGE)
+                    .expect("read a tail page");
+                let high = model.tail(s, page, STARTED).load(Ordering::Acquire);
+                let truncated = model.tail(s, page, TRUNCATED).load(Ordering::Acquire);
+                if n < bytes.len() || bytes.iter().all(|&b| b == 0) {
+                    cut_reads += 1;
+                }
+                check_tail(
+                    &bytes[..n],
+                    page,
+                    low,
+                    high,
+                    truncated,
+                    &format!("a read of tail-{s}"),
+                );
+            }
             7 => {
                 // The file nobody writes: always its first bytes.
                 let page = (r >> 8) % PAGES;
@@ -292,7 +429,10 @@ fn worker() {
         ops += 1;
         model.heartbeat(slot).fetch_add(1, Ordering::Relaxed);
     }
-    println!("worker {slot}: {ops} operations");
+    println!(
+        "worker {slot}: {ops} operations, {truncations} truncations, {cut_reads} reads of a \
+         page cut off"
+    );
 }
 
 fn child_entry() -> bool {

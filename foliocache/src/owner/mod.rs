@@ -500,6 +500,38 @@ impl Owner {
         first.map_or(Ok(()), Err)
     }
 
+    /// [`Self::file`] for a request that changes the file: a file this owner opened for a
+    /// reader only (a takeover reopens files in the order clients ask, and a writer's request
+    /// left in flight can come before its open) is opened for writing first.
+    pub(crate) fn file_to_change(&self, record: usize, generation: u32) -> Result<File, Error> {
+        let file = self.file(record, generation)?;
+        if file.is_writable() {
+            return Ok(file);
+        }
+        let rec = &self.map.files()[record];
+        let path = rec.path().ok_or(Error::ReadOnly)?;
+        let key = (
+            rec.dev.load(Ordering::Acquire),
+            rec.ino.load(Ordering::Acquire),
+        );
+        self.end_lease(record);
+        let (file, record_now, generation_now) =
+            self.open_path(&path, key, true, file.max_order())?;
+        if record_now != record || generation_now != generation {
+            return Err(Error::ReadOnly);
+        }
+        if let Some(served) = self
+            .files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(&record)
+        {
+            served.file = file.clone();
+        }
+        self.serve_watched(record);
+        Ok(file)
+    }
+
     /// The file of record `record` at `generation`, opening it from the record's path if this
     /// owner has not opened it yet (a request a previous owner left, a client's first request
     /// after a takeover).

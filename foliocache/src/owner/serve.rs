@@ -106,7 +106,16 @@ fn bad_request() -> [u64; MAIL_WORDS] {
 fn run(owner: &Owner, t: &ThreadSlot, request: &[u64; MAIL_WORDS]) -> [u64; MAIL_WORDS] {
     let record = request[at::RECORD] as usize;
     let generation = request[at::GENERATION] as u32;
-    let file = match owner.file(record, generation) {
+    let changes = matches!(
+        request[at::OP],
+        op::WRITE | op::SET_LEN | op::FALLOCATE | op::PUNCH_HOLE
+    );
+    let found = if changes {
+        owner.file_to_change(record, generation)
+    } else {
+        owner.file(record, generation)
+    };
+    let file = match found {
         Ok(file) => file,
         Err(e @ Error::SharedMapping(_)) => return failed(&e, Some(error_kind::STALE_FILE)),
         Err(e) => return failed(&e, None),
