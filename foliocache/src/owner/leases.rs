@@ -7,9 +7,9 @@
 //!
 //! * **leased**: served from the cache; an open for writing anywhere is held by the kernel
 //!   until the owner has stopped serving the file;
-//! * **passing through**: the lease broke. Before giving it up, the owner made the record's
-//!   serving state odd (read-only clients read storage through their own descriptors from
-//!   then on), wrote the file's dirty pages back and dropped its clean ones. Only then does
+//! * **passing through**: the lease broke. Before giving it up, the owner wrote the file's
+//!   dirty pages back, made the record's serving state odd (read-only clients read storage
+//!   through their own descriptors from then on) and dropped the file's pages. Only then does
 //!   the opener go on, so no reader gets old bytes after the writer's open returned. The
 //!   owner tries the lease again every tick; once it has it, no writer is left, and it drops
 //!   whatever was cached meanwhile and serves the file again;
@@ -210,24 +210,30 @@ impl Owner {
         };
         self.leases.breaks.fetch_add(1, Ordering::Relaxed);
         let rec = &self.map.files()[record];
+        let file = self.served_file(record);
+        // Storage first gets every byte the cache holds newer than it: clients that pass
+        // through read storage, and so may the opener once the lease is gone. (Passing
+        // through before the write back would let a client read bytes older than ones the
+        // cache had acknowledged: the preload library's `serving` explains the order.)
+        if let Some(file) = &file
+            && let Err(e) = file.sync_all()
+        {
+            log(
+                &self.name,
+                &format!("outside writers: writing record {record} back for a writer: {e}"),
+            );
+        }
         if rec.serving.load(Ordering::Acquire) & 1 == 0 {
-            rec.serving.fetch_add(1, Ordering::AcqRel);
+            rec.serving.fetch_add(1, Ordering::SeqCst);
         }
         rec.signal.store(WATCH, Ordering::Release);
-        if let Some(file) = self.served_file(record) {
-            // The opener may read storage at once: it must hold what the cache acknowledged.
-            if let Err(e) = file.sync_all() {
-                log(
-                    &self.name,
-                    &format!("outside writers: writing record {record} back for a writer: {e}"),
-                );
-            }
-            if let Err(e) = file.changed_outside() {
-                log(
-                    &self.name,
-                    &format!("outside writers: record {record}: {e}"),
-                );
-            }
+        if let Some(file) = &file
+            && let Err(e) = file.changed_outside()
+        {
+            log(
+                &self.name,
+                &format!("outside writers: record {record}: {e}"),
+            );
         }
         if let Err(e) = lease::release(fd.as_fd()) {
             log(
