@@ -1121,7 +1121,10 @@ impl Cache {
     /// Opens a file from a descriptor the caller opened and lends to the cache: the file is
     /// read (and, with [`OpenOptions::write`], written) through it, and
     /// [`File::detach_descriptor`] hands it back. Refused with the descriptor when the cache
-    /// has the file open already. Not offered by a shared cache.
+    /// has the file open already. In a shared cache the descriptor is this process's
+    /// permission to the file (the owner opens the file again from it), and reads go through
+    /// it while the owner does not serve the file; the pages live in the shared cache, so a
+    /// detached file keeps them whatever happens to this process.
     pub fn open_descriptor(
         &self,
         fd: std::os::fd::OwnedFd,
@@ -1130,10 +1133,23 @@ impl Cache {
         match &self.repr {
             Repr::Local(local) => local.open_descriptor(fd, options),
             #[cfg(not(loom))]
-            Repr::Client(_) => Err(DescriptorRefused {
-                error: unsupported("a lent descriptor"),
-                fd,
-            }),
+            Repr::Client(attachment) => {
+                use std::os::fd::AsRawFd;
+                if options.max_order.is_some_and(|o| o > MAX_ORDER) {
+                    return Err(DescriptorRefused {
+                        error: Error::OrderTooLarge {
+                            order: options.max_order.unwrap_or(0),
+                            max: MAX_ORDER,
+                        },
+                        fd,
+                    });
+                }
+                let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .unwrap_or_default();
+                attachment
+                    .open_fd(fd, &path, options.write, options.max_order)
+                    .map(File::from_client)
+            }
         }
     }
 

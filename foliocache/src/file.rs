@@ -449,12 +449,14 @@ impl File {
     ///
     /// Refused with [`Error::StillDirty`] while the file holds data not yet written back (sync
     /// first); [`Error::Detached`] if no descriptor is lent (a file opened by path, or one
-    /// detached already). Not offered by a shared cache.
+    /// detached already). In a shared cache the dirty data belongs to the cache (its owner
+    /// writes it back), so a detach is never refused for it, and the owner serves the file
+    /// to other processes as before.
     pub fn detach_descriptor(&self) -> Result<std::os::fd::OwnedFd, Error> {
         match &self.repr {
             Repr::Local { inner, .. } => inner.detach_descriptor(),
             #[cfg(not(loom))]
-            Repr::Client(_) => Err(unsupported("a lent descriptor")),
+            Repr::Client(client) => client.detach_descriptor(),
         }
     }
 
@@ -472,10 +474,15 @@ impl File {
         match &self.repr {
             Repr::Local { inner, .. } => inner.attach_descriptor(fd, write),
             #[cfg(not(loom))]
-            Repr::Client(_) => Err(crate::error::DescriptorRefused {
-                error: unsupported("a lent descriptor"),
-                fd,
-            }),
+            Repr::Client(client) => {
+                client
+                    .attach_descriptor(fd, write)
+                    .map(|()| crate::inode::Revalidated {
+                        changed: false,
+                        size: client.size(),
+                        dropped_pages: 0,
+                    })
+            }
         }
     }
 

@@ -449,6 +449,10 @@ fn child_entry() -> bool {
             takeover_keeper();
             true
         }
+        Some("forker") => {
+            forker();
+            true
+        }
         Some("other-user") => {
             let name = std::env::var("FC_NAME").unwrap();
             match Cache::builder()
@@ -956,6 +960,99 @@ fn a_lease_holds_an_outside_writer_until_the_cache_lets_go() {
     };
     assert!(count("leases_taken") >= 2, "{status}");
     assert_eq!(count("lease_breaks"), 1, "{status}");
+}
+
+/// The child of `a_forked_child_attaches_anew`: a file lent as a descriptor, detached and
+/// attached again (its pages stay in the shared cache), then a fork. The forked child may not
+/// use the parent's attachment (an error, not a hang, and the parent's thread slot is not
+/// given back from there); attached anew it reads the parent's pages and writes a page the
+/// parent then reads.
+fn forker() {
+    let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
+    let name = std::env::var("FC_NAME").unwrap();
+    let attach = || {
+        Cache::builder()
+            .capacity(32 << 20)
+            .io_engine(EngineKind::Threads)
+            .idle_timeout(Duration::from_secs(5))
+            .shared(name.clone())
+            .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+            .build()
+            .expect("attach")
+    };
+    let cache = attach();
+    let path = dir.join("data");
+    let fd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let file = cache
+        .open_descriptor(fd.into(), OpenOptions::new().write(true))
+        .expect("open a lent descriptor");
+    let mut page = vec![0u8; PAGE as usize];
+    assert_eq!(file.handle().read_at(&mut page, 0).unwrap(), page.len());
+    check_words(&page, 0, 0, 0, "a read through a lent descriptor");
+    let fd = file.detach_descriptor().expect("detach");
+    assert!(
+        file.cached_ranges().iter().any(|r| r.first == 0),
+        "a detached file lost its pages"
+    );
+    assert!(file.detach_descriptor().is_err(), "detached twice");
+    file.attach_descriptor(fd, true).expect("attach again");
+    // SAFETY: fork in a single-purpose child process; the child only calls the cache, the
+    // allocator and `_exit`.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let refused = file.handle().read_at(&mut page, 0);
+            assert!(
+                refused.is_err(),
+                "a forked child used its parent's attachment: {refused:?}"
+            );
+            let cache = attach();
+            let file = cache
+                .open_with(&path, OpenOptions::new().write(true))
+                .expect("open in the child");
+            let mut page = vec![0u8; PAGE as usize];
+            assert_eq!(file.handle().read_at(&mut page, 0).unwrap(), page.len());
+            check_words(&page, 0, 0, 0, "the child's read");
+            let bytes: Vec<u8> = (0..PAGE / 8)
+                .flat_map(|_| word(7, 1).to_le_bytes())
+                .collect();
+            assert_eq!(file.handle().write_at(&bytes, PAGE).unwrap(), bytes.len());
+        }))
+        .map_or(1, |()| 0);
+        // SAFETY: ends the forked child without running the parent's exit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "the forked child failed ({status:#x})"
+    );
+    // The parent's thread slot still works, and it reads the child's write.
+    assert_eq!(file.handle().read_at(&mut page, PAGE).unwrap(), page.len());
+    check_words(&page, 1, 7, 7, "the parent's read of the child's write");
+    println!("a forked child attached anew and shared the parent's pages");
+}
+
+/// A process lends the cache a descriptor, detaches and attaches it, and forks
+/// (`forker`).
+#[test]
+fn a_forked_child_attaches_anew() {
+    if child_entry() {
+        return;
+    }
+    let setup = Setup::new("fork", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let out = setup
+        .spawn("a_forked_child_attaches_anew", "forker", 0, 1)
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success(), "the forker failed: {}", out.status);
 }
 
 /// Whether process `pid` has exited (gone, or a zombie).

@@ -24,8 +24,8 @@ use crate::readahead::RaState;
 use std::cell::RefCell;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// How long a client sleeps on its mailbox before checking that the owner is alive.
@@ -50,6 +50,10 @@ static NEXT_ATTACHMENT: AtomicU64 = AtomicU64::new(1);
 /// A process's attachment to one shared cache (see the module documentation).
 pub(crate) struct Attachment {
     id: u64,
+    /// The process that attached. A forked child has a copy of this attachment but not the
+    /// parent's connection or thread slots: it must attach anew, and this one refuses it
+    /// (and never releases the parent's slots from there).
+    pid: u32,
     paths: Paths,
     settings: [u64; SETTINGS_WORDS],
     owner_program: Option<PathBuf>,
@@ -119,6 +123,7 @@ impl Attachment {
             .collect::<Result<Box<[Index]>, Error>>()?;
         let attachment = Arc::new(Self {
             id: NEXT_ATTACHMENT.fetch_add(1, Ordering::Relaxed),
+            pid: std::process::id(),
             paths,
             settings,
             owner_program,
@@ -146,6 +151,7 @@ impl Attachment {
         msg: &Msg,
         fd: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<(Msg, Option<OwnedFd>), Error> {
+        self.check_process()?;
         for _ in 0..3 {
             let generation = self.generation.load(Ordering::Acquire);
             let result = {
@@ -262,8 +268,12 @@ impl Attachment {
             .filter_map(Weak::upgrade)
             .collect();
         for file in files {
+            let fd = file.fd.read().unwrap_or_else(PoisonError::into_inner);
+            let Some(fd) = fd.as_ref() else {
+                continue; // detached: its next attach opens it with this owner
+            };
             let (answer, _) = conn
-                .call(&file.open_message(), Some(file.fd.as_fd()))
+                .call(&file.open_message(), Some(fd.as_fd()))
                 .map_err(|e| {
                     Reattach::OwnerGone(io_error(
                         self.name(),
@@ -280,6 +290,7 @@ impl Attachment {
 
     /// This thread's slot (claimed on first use).
     pub(crate) fn slot(self: &Arc<Self>) -> Result<u32, Error> {
+        self.check_process()?;
         if let Some(slot) = CLAIMS.with(|claims| claims.borrow().find(self.id)) {
             return Ok(slot);
         }
@@ -330,8 +341,29 @@ impl Attachment {
         t.claim.store(0, Ordering::Release);
     }
 
+    /// Whether this process is the one that attached (not a forked child of it).
+    fn in_attaching_process(&self) -> bool {
+        self.pid == std::process::id()
+    }
+
+    /// Refuses a forked child's use of its parent's attachment.
+    fn check_process(&self) -> Result<(), Error> {
+        if self.in_attaching_process() {
+            Ok(())
+        } else {
+            Err(shared_error(
+                self.name(),
+                "this cache was attached by the parent process; a forked child attaches anew \
+                 (Cache::builder().shared(..).build() in the child)",
+            ))
+        }
+    }
+
     /// A thread is gone: its slot goes back.
     fn release_slot(self: &Arc<Self>, slot: u32) {
+        if !self.in_attaching_process() {
+            return; // the parent's slot, copied into a forked child's thread
+        }
         let _ = self.control(&Msg::new(kind::RELEASE, &[u64::from(slot)]), None);
         self.forget_slot(slot);
     }
@@ -474,26 +506,51 @@ impl Attachment {
                 source,
             })?
             .into();
+        self.open_fd(fd, path, write, max_order)
+            .map_err(|refused| refused.error)
+    }
+
+    /// Has the owner serve the file of `fd`, a descriptor this process opened (the kernel
+    /// checked its permission): `Cache::open_descriptor`. A refusal hands the descriptor
+    /// back, unclosed.
+    pub(crate) fn open_fd(
+        self: &Arc<Self>,
+        fd: OwnedFd,
+        path: &Path,
+        write: bool,
+        max_order: Option<u8>,
+    ) -> Result<Arc<ClientFile>, crate::error::DescriptorRefused> {
         let file = Arc::new(ClientFile {
             attachment: Arc::clone(self),
-            fd,
+            fd: RwLock::new(Some(fd)),
             path: path.to_owned(),
             record: AtomicU32::new(u32::MAX),
             generation: AtomicU32::new(0),
             max_order: AtomicU32::new(0),
-            write,
+            write: AtomicBool::new(write),
             want_order: max_order,
         });
-        let (answer, _) = self
-            .control(&file.open_message(), Some(file.fd.as_fd()))
+        let opened = file
+            .open_with_owner()
             .map_err(|e| match e {
                 Error::Shared { reason, .. } => Error::Open {
                     path: path.to_owned(),
                     source: std::io::Error::other(reason),
                 },
                 other => other,
-            })?;
-        file.bind(&answer)?;
+            })
+            .and_then(|answer| file.bind(&answer));
+        if let Err(error) = opened {
+            let fd = file
+                .fd
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            return Err(crate::error::DescriptorRefused {
+                error,
+                fd: fd.expect("the descriptor was attached above"),
+            });
+        }
         self.files
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -539,13 +596,14 @@ std::thread_local! {
 pub(crate) struct ClientFile {
     attachment: Arc<Attachment>,
     /// The client's own descriptor (its open is the permission check; the owner opens the
-    /// file again from it).
-    fd: OwnedFd,
+    /// file again from it; reads pass through it while the owner does not serve the file).
+    /// `None` while detached (`File::detach_descriptor`).
+    fd: RwLock<Option<OwnedFd>>,
     path: PathBuf,
     record: AtomicU32,
     generation: AtomicU32,
     max_order: AtomicU32,
-    write: bool,
+    write: AtomicBool,
     want_order: Option<u8>,
 }
 
@@ -571,7 +629,7 @@ impl ClientFile {
         Msg::new(
             kind::OPEN,
             &[
-                u64::from(self.write),
+                u64::from(self.is_writable()),
                 self.want_order.map_or(0, |o| u64::from(o) + 1),
                 0,
             ],
@@ -597,7 +655,86 @@ impl ClientFile {
     }
 
     pub(crate) fn is_writable(&self) -> bool {
-        self.write
+        self.write.load(Ordering::Acquire)
+    }
+
+    /// Sends the open of the attached descriptor to the owner; its answer.
+    fn open_with_owner(&self) -> Result<Msg, Error> {
+        let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
+        let fd = fd.as_ref().ok_or(Error::Detached)?;
+        let (answer, _) = self
+            .attachment
+            .control(&self.open_message(), Some(fd.as_fd()))?;
+        Ok(answer)
+    }
+
+    /// Hands the descriptor back (`File::detach_descriptor`): the owner counts one open
+    /// fewer; the cached pages stay in the shared cache.
+    pub(crate) fn detach_descriptor(&self) -> Result<OwnedFd, Error> {
+        let mut slot = self.fd.write().unwrap_or_else(PoisonError::into_inner);
+        let fd = slot.take().ok_or(Error::Detached)?;
+        let (record, generation) = self.ids();
+        let _ = self.attachment.control(
+            &Msg::new(kind::CLOSE, &[record as u64, u64::from(generation)]),
+            None,
+        );
+        Ok(fd)
+    }
+
+    /// Takes a descriptor of the same file again (`File::attach_descriptor`) and opens it
+    /// with the owner (which revalidates the file).
+    pub(crate) fn attach_descriptor(
+        &self,
+        fd: OwnedFd,
+        write: bool,
+    ) -> Result<(), crate::error::DescriptorRefused> {
+        let refuse = |error, fd| crate::error::DescriptorRefused { error, fd };
+        let same = {
+            let slot = self.fd.read().unwrap_or_else(PoisonError::into_inner);
+            if slot.is_some() {
+                return Err(refuse(
+                    Error::OpenConflict {
+                        path: self.path.clone(),
+                        reason: "a descriptor is attached already".to_owned(),
+                    },
+                    fd,
+                ));
+            }
+            let (record, _) = self.ids();
+            let rec = &self.attachment.map.files()[record];
+            rustix::fs::fstat(&fd).is_ok_and(|st| {
+                (st.st_dev, st.st_ino)
+                    == (
+                        rec.dev.load(Ordering::Acquire),
+                        rec.ino.load(Ordering::Acquire),
+                    )
+            })
+        };
+        if !same {
+            return Err(refuse(
+                Error::OpenConflict {
+                    path: self.path.clone(),
+                    reason: "the descriptor is of another file".to_owned(),
+                },
+                fd,
+            ));
+        }
+        *self.fd.write().unwrap_or_else(PoisonError::into_inner) = Some(fd);
+        self.write.store(write, Ordering::Release);
+        match self.open_with_owner().and_then(|answer| self.bind(&answer)) {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                let fd = self
+                    .fd
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take();
+                match fd {
+                    Some(fd) => Err(refuse(error, fd)),
+                    None => unreachable!("the descriptor was attached just above"),
+                }
+            }
+        }
     }
 
     pub(crate) fn max_order(&self) -> u8 {
@@ -641,7 +778,7 @@ impl ClientFile {
     /// writable (its reads must see the cache's dirty pages).
     fn passing_through(&self) -> bool {
         let (record, _) = self.ids();
-        !self.write
+        !self.is_writable()
             && self.attachment.map.files()[record]
                 .serving
                 .load(Ordering::Acquire)
@@ -654,7 +791,11 @@ impl ClientFile {
         let mut done = 0;
         while done < buf.len() {
             let at_byte = pos + done as u64;
-            match rustix::io::pread(&self.fd, &mut buf[done..], at_byte) {
+            let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
+            let Some(fd) = fd.as_ref() else {
+                return Err(Error::Detached);
+            };
+            match rustix::io::pread(fd, &mut buf[done..], at_byte) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(rustix::io::Errno::INTR) => {}
@@ -673,7 +814,12 @@ impl ClientFile {
     /// The file's size: from its record, or from storage while passing through.
     pub(crate) fn size(&self) -> u64 {
         if self.passing_through()
-            && let Ok(stat) = rustix::fs::fstat(&self.fd)
+            && let Some(fd) = self
+                .fd
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref()
+            && let Ok(stat) = rustix::fs::fstat(fd)
         {
             return stat.st_size as u64;
         }
@@ -850,7 +996,7 @@ impl ClientFile {
 
     /// Writes all of `data` at `pos` through the owner.
     pub(crate) fn write_at(&self, data: &[u8], pos: u64) -> Result<usize, Error> {
-        if !self.write {
+        if !self.is_writable() {
             return Err(Error::ReadOnly);
         }
         let mut done = 0;
@@ -944,7 +1090,12 @@ impl ClientFile {
 impl Drop for ClientFile {
     fn drop(&mut self) {
         let (record, generation) = self.ids();
-        if record != u32::MAX as usize {
+        let attached = self
+            .fd
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        if record != u32::MAX as usize && attached {
             let _ = self.attachment.control(
                 &Msg::new(kind::CLOSE, &[record as u64, u64::from(generation)]),
                 None,
@@ -1047,6 +1198,9 @@ fn start_owner(
         .arg(name)
         .env("FOLIOCACHE_OWNER_SETTINGS", words.join(","))
         .env("FOLIOCACHE_RUNTIME_DIR", &paths.dir)
+        // A program run with the preload library starts the owner: the owner does its own
+        // I/O, never through the library.
+        .env_remove("LD_PRELOAD")
         .stdin(std::process::Stdio::from(theirs.into_fd()))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::from(log))
