@@ -511,6 +511,18 @@ impl File {
         }
     }
 
+    /// In a shared cache, how many reads of this process through this file asked the owner
+    /// (each a miss here: the bytes were not all in the mapping); `None` in a private cache,
+    /// whose [`readahead_stats`](Self::readahead_stats) count its own misses. (A shared
+    /// file's readahead and I/O counters are the whole cache's, every process's reads.)
+    pub fn process_misses(&self) -> Option<u64> {
+        match &self.repr {
+            Repr::Local { .. } => None,
+            #[cfg(not(loom))]
+            Repr::Client(client) => Some(client.asked.load(std::sync::atomic::Ordering::Relaxed)),
+        }
+    }
+
     /// Drops the data the file holds dirty, as the kernel does after a failed writeback, and
     /// records `errno` in the file's writeback error sequence (every handle's next sync
     /// reports it). For a caller that must stop holding newer bytes than storage now, whatever

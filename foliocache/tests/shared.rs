@@ -453,6 +453,26 @@ fn child_entry() -> bool {
             forker();
             true
         }
+        Some("lease-reader") => {
+            // Opens the file nobody writes read-only (the owner leases it from this
+            // connection's thread), reads it, and leaves.
+            let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
+            let name = std::env::var("FC_NAME").unwrap();
+            let cache = Cache::builder()
+                .capacity(32 << 20)
+                .io_engine(EngineKind::Threads)
+                .idle_timeout(Duration::from_secs(5))
+                .shared(name.clone())
+                .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+                .build()
+                .expect("attach");
+            let path = dir.join("static");
+            let file = cache.open(&path).expect("open");
+            let mut page = vec![0u8; PAGE as usize];
+            assert_eq!(file.handle().read_at(&mut page, 0).unwrap(), page.len());
+            wait_for_signal(&name, &path, "lease");
+            true
+        }
         Some("other-user") => {
             let name = std::env::var("FC_NAME").unwrap();
             match Cache::builder()
@@ -960,6 +980,37 @@ fn a_lease_holds_an_outside_writer_until_the_cache_lets_go() {
     };
     assert!(count("leases_taken") >= 2, "{status}");
     assert_eq!(count("lease_breaks"), 1, "{status}");
+    // A lease taken for a client that has left since: a writer's open is let go as soon as
+    // the owner hears the break, not when the kernel gives up on the lease (45 s). The
+    // break once reached nobody: the thread that took the lease had exited with its client.
+    let child = setup.spawn(
+        "a_lease_holds_an_outside_writer_until_the_cache_lets_go",
+        "lease-reader",
+        2,
+        1,
+    );
+    let pid = child.id();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the lease reader failed: {}",
+        out.status
+    );
+    // Its connection's thread ends once the owner has let the process go.
+    wait_detached(&setup, pid);
+    std::thread::sleep(Duration::from_millis(50));
+    let path = setup.dir.join("static");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let opened = std::fs::OpenOptions::new().write(true).open(&path);
+        let _ = sender.send(opened.map(drop));
+    });
+    // (Without the fix the open waited until the owner left at its idle timeout, 5 s here,
+    // or the kernel's 45 s; a break heard takes about a millisecond.)
+    let opened = receiver
+        .recv_timeout(Duration::from_secs(3))
+        .expect("an outside open waited 3 s for a lease taken for a client that left");
+    opened.unwrap();
 }
 
 /// The child of `a_forked_child_attaches_anew`: a file lent as a descriptor, detached and

@@ -60,6 +60,12 @@ pub(crate) fn block_signals() -> io::Result<()> {
 pub(crate) fn take_read(fd: BorrowedFd<'_>) -> io::Result<()> {
     fcntl(fd, F_SETSIG, signal())?;
     fcntl(fd, F_SETLEASE, libc::F_RDLCK)?;
+    // `F_SETLEASE` makes the calling *thread's* pid the descriptor's owner, and the kernel
+    // finds the process to signal through it: once that thread exits (a connection's thread,
+    // when its client leaves) a break signals nobody, and the breaker waits out the whole
+    // `lease-break-time`. The process's own pid (its main thread's) lasts as long as it.
+    // A break between the two calls is aimed at the calling thread, alive now.
+    fcntl(fd, libc::F_SETOWN, std::process::id() as libc::c_int)?;
     Ok(())
 }
 

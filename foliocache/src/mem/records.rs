@@ -130,6 +130,35 @@ impl Records {
         })
     }
 
+    /// Records free now.
+    pub(crate) fn free_count(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .free
+            .len()
+    }
+
+    /// Gives `record` back (its file left the cache: no folio is in its index any more). The
+    /// next file it is given to gets a new generation.
+    pub(crate) fn release(&self, record: usize) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(rec) = self.map.files().get(record) else {
+            return;
+        };
+        let key = (
+            rec.dev.load(Ordering::Acquire),
+            rec.ino.load(Ordering::Acquire),
+        );
+        if state.by_key.get(&key) == Some(&record) {
+            state.by_key.remove(&key);
+        }
+        rec.state.store(0, Ordering::Release);
+        if !state.free.contains(&record) {
+            state.free.push(record);
+        }
+    }
+
     /// The record of the file `key`, if it has one.
     pub(crate) fn find(&self, key: (u64, u64)) -> Option<usize> {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);

@@ -24,6 +24,7 @@ use crate::shared::wire::{self, Conn, Msg, file_op, kind};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
+use std::time::Instant;
 
 /// An error answer: errno (0 when there is none) and the error's text.
 fn refuse(error: &Error) -> Msg {
@@ -168,6 +169,15 @@ impl Owner {
                     self.free_thread_slot(i as u32);
                 }
             }
+            // Its opens go with it (its files may be retired once idle).
+            for served in self
+                .files
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values_mut()
+            {
+                served.opens.remove(&p);
+            }
             slot.pid.store(0, Ordering::Relaxed);
             slot.start.store(0, Ordering::Relaxed);
             slot.memfd.store(u32::MAX, Ordering::Relaxed);
@@ -226,14 +236,19 @@ impl Owner {
     fn request(self: &Arc<Self>, p: u32, msg: &Msg, fd: Option<OwnedFd>) -> Msg {
         match msg.kind {
             kind::OPEN => match fd {
-                Some(fd) => self.open(msg, &fd).unwrap_or_else(|e| refuse(&e)),
+                Some(fd) => self.open(p, msg, &fd).unwrap_or_else(|e| refuse(&e)),
                 None => bad("an open without its descriptor"),
             },
             kind::CLOSE => {
                 let record = msg.word(0).unwrap_or(u64::MAX) as usize;
+                let generation = msg.word(1).unwrap_or(0) as u32;
                 let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(served) = files.get_mut(&record) {
-                    served.opens = served.opens.saturating_sub(1);
+                if let Some(served) = files.get_mut(&record)
+                    && served.generation == generation
+                    && let Some(n) = served.opens.get_mut(&p)
+                {
+                    *n = n.saturating_sub(1);
+                    served.used = Instant::now();
                 }
                 Msg::new(kind::OK, &[])
             }
@@ -297,7 +312,7 @@ impl Owner {
     /// An open: `[write, max order + 1 or 0, 0]` with the client's descriptor. The owner opens
     /// the same file (found through the descriptor, checked to be the same inode), and answers
     /// `[record, generation, max order]`.
-    fn open(&self, msg: &Msg, fd: &OwnedFd) -> Result<Msg, Error> {
+    fn open(&self, p: u32, msg: &Msg, fd: &OwnedFd) -> Result<Msg, Error> {
         use std::os::unix::fs::MetadataExt;
         let write = msg.word(0).unwrap_or(0) != 0;
         let want = msg.word(1).unwrap_or(0);
@@ -341,7 +356,7 @@ impl Owner {
         }
         let (file, record, generation) = self.open_path(&path, key, write, max_order)?;
         let order = file.max_order();
-        self.serve_opened(record, generation, file, write);
+        self.serve_opened(p, record, generation, file, write);
         if write {
             self.serve_watched(record);
         } else {
@@ -354,23 +369,18 @@ impl Owner {
     }
 
     /// Counts a client's open of `record`'s file in the owner's table.
-    fn serve_opened(&self, record: usize, generation: u32, file: File, write: bool) {
+    fn serve_opened(&self, p: u32, record: usize, generation: u32, file: File, write: bool) {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        let served = files.entry(record).or_insert(Served {
-            file: file.clone(),
-            generation,
-            opens: 0,
-        });
+        let served = files
+            .entry(record)
+            .or_insert_with(|| Served::new(file.clone(), generation));
         if served.generation != generation {
-            *served = Served {
-                file,
-                generation,
-                opens: 0,
-            };
+            *served = Served::new(file, generation);
         } else if write {
             served.file = file;
         }
-        served.opens += 1;
+        *served.opens.entry(p).or_default() += 1;
+        served.used = Instant::now();
     }
 
     /// A file operation through the control socket: `[record, generation, op, a, b]`.

@@ -188,6 +188,19 @@ impl Owner {
         rec.signal.store(WATCH, Ordering::Release);
     }
 
+    /// `record`'s file leaves the cache: its lease (if any) is given up, nothing else done.
+    pub(super) fn forget_lease(&self, record: usize) {
+        let _turn = self.leases.turn();
+        if let Some(fd) = self.leases.held().remove(&record) {
+            let _ = lease::release(fd.as_fd());
+        }
+        let rec = &self.map.files()[record];
+        if rec.serving.load(Ordering::Acquire) & 1 == 1 {
+            rec.serving.fetch_add(1, Ordering::AcqRel);
+        }
+        rec.signal.store(WATCH, Ordering::Release);
+    }
+
     /// The files that pass through (their lease is tried again every tick).
     pub(super) fn passing_through(&self) -> Vec<usize> {
         let files: Vec<usize> = self

@@ -114,11 +114,29 @@ pub(crate) fn log(name: &str, line: &str) {
 }
 
 /// One file the owner serves: the cache's file, the generation of its record when it was
-/// opened, and how many client opens it has.
+/// opened, its client opens (per process slot: a process that dies takes its opens along) and
+/// when one last came or went.
 struct Served {
     file: File,
     generation: u32,
-    opens: usize,
+    opens: HashMap<u32, usize>,
+    used: Instant,
+}
+
+impl Served {
+    fn new(file: File, generation: u32) -> Self {
+        Self {
+            file,
+            generation,
+            opens: HashMap::new(),
+            used: Instant::now(),
+        }
+    }
+
+    /// Whether no client has the file open.
+    fn idle(&self) -> bool {
+        self.opens.values().all(|&n| n == 0)
+    }
 }
 
 /// The owner's state (see the module documentation).
@@ -361,7 +379,13 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         clients: AtomicUsize::new(0),
         attach_lock: Mutex::new(()),
         idle_since: Mutex::new(Some(Instant::now())),
-        idle: Duration::from_secs(settings[crate::shared::settings::IDLE_SECS]),
+        idle: Duration::from_secs(
+            std::env::var("FOLIOCACHE_IDLE_SECS")
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or(settings[crate::shared::settings::IDLE_SECS])
+                .max(1),
+        ),
         max_order: settings[crate::shared::settings::MAX_ORDER].min(9) as u8,
         staging_order,
         stopping: AtomicBool::new(false),
@@ -446,6 +470,7 @@ impl Owner {
             for record in self.passing_through() {
                 self.try_lease(record);
             }
+            self.retire_unreachable();
             self.publish_counters();
             let idle_for = self
                 .idle_since
@@ -570,11 +595,9 @@ impl Owner {
             return Err(stale());
         }
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
-        let served = files.entry(record).or_insert(Served {
-            file,
-            generation,
-            opens: 0,
-        });
+        let served = files
+            .entry(record)
+            .or_insert_with(|| Served::new(file, generation));
         Ok(served.file.clone())
     }
 
@@ -588,6 +611,16 @@ impl Owner {
         max_order: u8,
     ) -> Result<(File, usize, u32), Error> {
         use std::os::unix::fs::MetadataExt;
+        if let Some(records) = self.cache.local().and_then(|l| l.records())
+            && records.find(key).is_none()
+            && records.free_count() == 0
+        {
+            // Every record is taken: the least recently used idle files make room.
+            self.retire_unreachable();
+            if records.free_count() == 0 {
+                self.retire_idle(8);
+            }
+        }
         let options = crate::io::OpenOptions::new()
             .write(write)
             .max_order(max_order)
@@ -648,6 +681,110 @@ impl Owner {
             &self.name,
             &format!("{pages} clean pages kept from the previous owner are in their files again"),
         );
+    }
+
+    /// Takes `record`'s file out of the cache, if no client has it open: its dirty data is
+    /// written back (a failure keeps it), its folios go with the owner's last reference to
+    /// the file, and the record is free for another file. Whether it went.
+    fn retire(&self, record: usize) -> bool {
+        let Some(local) = self.cache.local() else {
+            return false;
+        };
+        let Some(records) = local.records() else {
+            return false;
+        };
+        let served = {
+            let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+            match files.get(&record) {
+                Some(served) if served.idle() => {}
+                _ => return false,
+            }
+            files.remove(&record)
+        };
+        let Some(served) = served else { return false };
+        if served.file.sync_all().is_err() {
+            // Kept: the flusher tries again, and so does the next retirement.
+            self.files
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(record)
+                .or_insert(served);
+            return false;
+        }
+        self.forget_lease(record);
+        if let Some(outside) = &self.outside {
+            outside.forget(record);
+        }
+        drop(served);
+        // A request in flight may still hold the file a moment: its folios leave when it
+        // does. The record is free once its index is empty.
+        let rec = &self.map.files()[record];
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while rec.root.load(Ordering::Acquire) != 0 {
+            if Instant::now() > deadline {
+                log(
+                    &self.name,
+                    &format!("record {record}: its folios stay after retirement; kept"),
+                );
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        records.release(record);
+        if std::env::var_os("FOLIOCACHE_OWNER_DEBUG").is_some() {
+            log(
+                &self.name,
+                &format!("record {record} retired ({:?})", rec.path()),
+            );
+        }
+        true
+    }
+
+    /// Frees records for new files: retires up to `want` idle files, least recently used
+    /// first. How many went.
+    fn retire_idle(&self, want: usize) -> usize {
+        let mut idle: Vec<(Instant, usize)> = self
+            .files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, s)| s.idle())
+            .map(|(&r, s)| (s.used, r))
+            .collect();
+        idle.sort_unstable();
+        idle.into_iter()
+            .take(want)
+            .filter(|&(_, record)| self.retire(record))
+            .count()
+    }
+
+    /// Every tick: idle files whose path names them no more (deleted, or renamed and not
+    /// opened since) leave the cache, so the owner does not keep deleted files' blocks
+    /// allocated by holding them open.
+    fn retire_unreachable(&self) {
+        use std::os::unix::fs::MetadataExt;
+        let idle: Vec<usize> = self
+            .files
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|(_, s)| s.idle())
+            .map(|(&r, _)| r)
+            .collect();
+        for record in idle {
+            let rec = &self.map.files()[record];
+            let key = (
+                rec.dev.load(Ordering::Acquire),
+                rec.ino.load(Ordering::Acquire),
+            );
+            let reachable = rec
+                .path()
+                .and_then(|path| std::fs::metadata(path).ok())
+                .is_some_and(|m| (m.dev(), m.ino()) == key);
+            if !reachable {
+                self.retire(record);
+            }
+        }
     }
 
     /// The file the owner serves for `record`, if it serves one.

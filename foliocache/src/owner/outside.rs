@@ -67,6 +67,17 @@ impl Outside {
     }
 }
 
+impl Outside {
+    /// `record`'s file left the cache: its watch no longer stands for it.
+    pub(super) fn forget(&self, record: usize) {
+        let mut watches = self.watches.lock().unwrap_or_else(PoisonError::into_inner);
+        for records in watches.values_mut() {
+            records.retain(|&r| r != record);
+        }
+        watches.retain(|_, records| !records.is_empty());
+    }
+}
+
 /// The watcher thread: reads events, and after each read revalidates every file they named
 /// (once per file, however many events it had).
 pub(super) fn run(owner: &Arc<Owner>, outside: &Outside) {

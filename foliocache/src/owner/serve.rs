@@ -212,7 +212,12 @@ fn sync(file: &File, request: &[u64; MAIL_WORDS]) -> [u64; MAIL_WORDS] {
     };
     let mut reply = match result {
         Ok(()) => [0; MAIL_WORDS],
-        Err(e) => failed(&e, None),
+        Err(e) => {
+            if std::env::var_os("FOLIOCACHE_OWNER_DEBUG").is_some() {
+                eprintln!("foliocache-owner: sync failed: {e} ({e:?})");
+            }
+            failed(&e, None)
+        }
     };
     reply[at::VALUE] = u64::from(handle.errseq_cursor());
     reply

@@ -317,7 +317,7 @@ impl Attachment {
             .unwrap_or_else(PoisonError::into_inner)
             .push(slot);
         if let Err(e) = self.control(&Msg::new(kind::CLAIM, &[u64::from(slot)]), None) {
-            self.forget_slot(slot);
+            self.forget_slot(slot, process);
             return Err(e);
         }
         CLAIMS.with(|claims| {
@@ -330,15 +330,21 @@ impl Attachment {
         Ok(slot)
     }
 
-    fn forget_slot(&self, slot: u32) {
+    /// A claim the owner did not take: the slot goes back, if its claim word is still this
+    /// process's (else whoever holds it now keeps it).
+    fn forget_slot(&self, slot: u32, process: u32) {
         self.claimed
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|&s| s != slot);
         let t = &self.map.threads()[slot as usize];
-        t.state.store(FREE, Ordering::Release);
-        t.pin.store(0, Ordering::Release);
-        t.claim.store(0, Ordering::Release);
+        if t.claim.load(Ordering::Acquire) == CLAIMED | process {
+            t.state.store(FREE, Ordering::Release);
+            t.pin.store(0, Ordering::Release);
+            let _ =
+                t.claim
+                    .compare_exchange(CLAIMED | process, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
     }
 
     /// Whether this process is the one that attached (not a forked child of it).
@@ -364,8 +370,16 @@ impl Attachment {
         if !self.in_attaching_process() {
             return; // the parent's slot, copied into a forked child's thread
         }
+        // Forgotten here first, and the claim word left to the owner: once the owner has
+        // freed the slot another process may claim it at once, and a store here after that
+        // would wipe that process's claim (its CLAIM then refused: "a claim of a slot this
+        // process did not take"). Were the release lost, the owner frees the slot when this
+        // process detaches.
+        self.claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&s| s != slot);
         let _ = self.control(&Msg::new(kind::RELEASE, &[u64::from(slot)]), None);
-        self.forget_slot(slot);
     }
 
     /// Sends a request through this thread's mailbox and waits for the answer.
@@ -529,6 +543,7 @@ impl Attachment {
             max_order: AtomicU32::new(0),
             write: AtomicBool::new(write),
             want_order: max_order,
+            asked: AtomicU64::new(0),
         });
         let opened = file
             .open_with_owner()
@@ -605,6 +620,8 @@ pub(crate) struct ClientFile {
     max_order: AtomicU32,
     write: AtomicBool,
     want_order: Option<u8>,
+    /// Reads from this process that asked the owner (misses here), for the counters.
+    pub(crate) asked: AtomicU64,
 }
 
 impl std::fmt::Debug for ClientFile {
@@ -952,6 +969,7 @@ impl ClientFile {
             }
             let (_, _, room) = self.attachment.staging()?;
             let want = (len - done).min(room);
+            self.asked.fetch_add(1, Ordering::Relaxed);
             let mut request = self.request(op::READ);
             request[at::A] = at_byte;
             request[at::B] = want as u64;
