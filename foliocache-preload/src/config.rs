@@ -1,6 +1,7 @@
-//! Settings from the environment: `FOLIOCACHE_PATHS`, `FOLIOCACHE_CAPACITY_MB`,
-//! `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_STATS`, `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one clear line
-//! on stderr, and the program runs uncached.
+//! Settings from the environment: `FOLIOCACHE_PATHS`, `FOLIOCACHE_SHARED`,
+//! `FOLIOCACHE_CAPACITY_MB`, `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_STATS`,
+//! `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one clear line on stderr, and the program runs
+//! uncached.
 
 use std::path::{Path, PathBuf};
 
@@ -19,7 +20,13 @@ pub(crate) struct Config {
     pub(crate) stats_path: Option<PathBuf>,
     /// The signal lease breaks arrive with (`None`: the library chooses, see `lease`).
     pub(crate) lease_signal: Option<i32>,
+    /// The shared cache the processes attach to (`None`: a private cache per process).
+    pub(crate) shared: Option<String>,
 }
+
+/// The shared cache a process attaches to when `FOLIOCACHE_SHARED` is unset: one per user
+/// (a cache's name is looked up in the user's own runtime directory).
+pub(crate) const DEFAULT_SHARED: &str = "default";
 
 /// Where a program's writes to the served files go (`FOLIOCACHE_WRITES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +115,24 @@ impl Config {
                 )
             }
         };
+        let shared = match get("FOLIOCACHE_SHARED").as_deref().map(str::trim) {
+            None | Some("") => Some(DEFAULT_SHARED.to_owned()),
+            Some("off") => None,
+            Some(name)
+                if name.len() <= 64
+                    && name
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) =>
+            {
+                Some(name.to_owned())
+            }
+            Some(text) => {
+                return Err(format!(
+                    "FOLIOCACHE_SHARED={text}: expected a cache name (1 to 64 letters, digits, \
+                     `.`, `_`, `-`) or `off` (a private cache per process)"
+                ));
+            }
+        };
         let stats_path = get("FOLIOCACHE_STATS")
             .filter(|p| !p.is_empty())
             .map(PathBuf::from);
@@ -118,6 +143,7 @@ impl Config {
             writes,
             stats_path,
             lease_signal,
+            shared,
         }))
     }
 
@@ -195,6 +221,14 @@ mod tests {
         assert_eq!(config.capacity, 256 << 20);
         assert_eq!(config.ra_bytes, None);
         assert_eq!(config.writes, Writes::Through);
+        assert_eq!(config.shared.as_deref(), Some(DEFAULT_SHARED));
+        let private = Config::from_env(env(&[
+            ("FOLIOCACHE_PATHS", tmp_text),
+            ("FOLIOCACHE_SHARED", "off"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(private.shared, None);
         let back = Config::from_env(env(&[
             ("FOLIOCACHE_PATHS", tmp_text),
             ("FOLIOCACHE_WRITES", "back"),
@@ -210,6 +244,8 @@ mod tests {
             ("FOLIOCACHE_RA_KB", "-1"),
             ("FOLIOCACHE_WRITES", "bogus"),
             ("FOLIOCACHE_WRITES", ""),
+            ("FOLIOCACHE_SHARED", "a/b"),
+            ("FOLIOCACHE_SHARED", "white space"),
         ] {
             let error =
                 Config::from_env(env(&[("FOLIOCACHE_PATHS", tmp_text), (key, value)])).unwrap_err();

@@ -163,14 +163,21 @@ impl Runtime {
         if let Some(inode) = registry.inodes.get(&key) {
             let inode = Arc::clone(inode);
             registry.retained.retain(|retained| *retained != key);
-            return Some(inode);
+            // On a shared cache an idle inode is not kept for its pages (the shared cache
+            // keeps them): a new one is made, which also serves a new file that was given a
+            // deleted file's inode number.
+            if !(self.config.shared.is_some() && inode.idle()) {
+                return Some(inode);
+            }
+            registry.inodes.remove(&key);
         }
         if writes == Writes::Back && EXITING.load(Ordering::Acquire) {
             return None;
         }
         let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
-        // SAFETY: fstatfs fills the valid local buffer for an fd of this process.
-        if unsafe { libc::fstatfs(fd, fs.as_mut_ptr()) } == 0 {
+        // SAFETY: fstatfs fills the valid local buffer for an fd of this process. (A shared
+        // cache's owner reads tmpfs files buffered: only a private cache needs direct I/O.)
+        if self.config.shared.is_none() && unsafe { libc::fstatfs(fd, fs.as_mut_ptr()) } == 0 {
             // SAFETY: fstatfs succeeded, so it filled the struct.
             #[allow(clippy::unnecessary_cast, clippy::cast_lossless)]
             if unsafe { fs.assume_init() }.f_type as i64 == TMPFS_MAGIC {
@@ -181,7 +188,7 @@ impl Runtime {
         let cache = match &registry.cache {
             Some(cache) => cache.clone(),
             None if registry.cache_failed => return None,
-            None => match adapter::new_cache(self.config.capacity) {
+            None => match adapter::new_cache(self.config.capacity, self.config.shared.as_deref()) {
                 Ok(cache) => registry.cache.insert(cache).clone(),
                 Err(error) => {
                     registry.cache_failed = true;
@@ -529,9 +536,15 @@ extern "C" fn write_stats() {
         .as_ref()
         .and_then(|r| r.cache.as_ref())
         .map_or_else(stats::CacheCounters::default, |cache| {
+            let totals = cache.stats();
             stats::CacheCounters {
                 evicted_pages: cache.reclaim_stats().evicted_pages,
-                writeback_pages: cache.stats().dirty.written_pages,
+                writeback_pages: totals.dirty.written_pages,
+                shared: runtime
+                    .config
+                    .shared
+                    .as_deref()
+                    .map(|name| shared_counters(name, &totals)),
             }
         });
     let program = std::fs::read_to_string("/proc/self/comm").unwrap_or_default();
@@ -560,6 +573,25 @@ extern "C" fn write_stats() {
     }
 }
 
+/// A shared cache's own counters for `FOLIOCACHE_STATS`: its pages, those in use, dirty, and
+/// the processes attached now (this one included).
+fn shared_counters(name: &str, totals: &foliocache::Stats) -> String {
+    let status =
+        foliocache::cache_command(name, foliocache::CacheCommand::Status).unwrap_or_default();
+    let processes = status
+        .split("\"processes\":[")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .map_or(0, |list| list.split(',').filter(|p| !p.is_empty()).count());
+    format!(
+        "{{\"name\":{name:?},\"total_pages\":{},\"used_pages\":{},\"dirty_pages\":{},\
+         \"attached_processes\":{processes}}}",
+        totals.total_pages,
+        totals.total_pages.saturating_sub(totals.free_pages),
+        totals.dirty.dirty_pages,
+    )
+}
+
 /// Write-back mode, at exit: the library's `FILE` streams are flushed (exit would write their
 /// buffers after this handler), then every inode is written back and made uncached, so what
 /// later exit handlers write goes to the kernel. `_exit` and fatal signals skip this.
@@ -571,6 +603,9 @@ extern "C" fn exit_flush() {
         return; // exit called from inside a hook (a signal handler): no lock may be taken
     };
     let Some(runtime) = runtime() else { return };
+    if runtime.config.shared.is_some() {
+        return; // the dirty data belongs to the shared cache, which outlives this process
+    }
     EXITING.store(true, Ordering::Release);
     for inode in runtime.back_inodes() {
         inode.set_uncached(Reason::Exit);

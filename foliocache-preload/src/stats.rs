@@ -188,8 +188,12 @@ pub(crate) fn passed_through(reason: Reason) {
 /// Reads that missed and started device reads themselves, plus the program's own readahead
 /// calls (forced fills; [`json`] takes those out again).
 fn misses_of(file: &File) -> u64 {
+    if let Some(misses) = file.process_misses() {
+        return misses; // a shared cache's readahead counters are every process's
+    }
+    // (Forced readahead, the program's `readahead` and `WILLNEED`, is no read's miss.)
     let ra = file.readahead_stats();
-    ra.sync_fresh + ra.sync_context + ra.sync_random + ra.forced
+    ra.sync_fresh + ra.sync_context + ra.sync_random
 }
 
 /// A `File` leaves: its counters are kept.
@@ -211,10 +215,12 @@ pub(crate) fn reset() {
 }
 
 /// What the cache itself counted, for [`json`].
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct CacheCounters {
     pub(crate) evicted_pages: u64,
     pub(crate) writeback_pages: u64,
+    /// A shared cache's own counters (a JSON object), beside the process's.
+    pub(crate) shared: Option<String>,
 }
 
 /// The counters as one JSON object (`live` visits the files still open).
@@ -243,7 +249,6 @@ pub(crate) fn json(
         device_requests += io.requests;
         misses += misses_of(file);
     });
-    let misses = misses.saturating_sub(get(&counter::readahead_calls));
     let reads = get(&counter::reads);
     let program = program.replace('\\', "\\\\").replace('"', "\\\"");
     Some(format!(
@@ -252,7 +257,7 @@ pub(crate) fn json(
          \"passthrough_reads\":{},\"readahead_calls\":{},\"files\":{},\"evicted_pages\":{},\"writes\":{},\
          \"bytes_written_through\":{},\"bytes_written_to_cache\":{},\"writeback_pages\":{},\
          \"syncs\":{},\"flushes\":{},\"invalidations\":{},\"leases_taken\":{},\"leases_broken\":{},\
-         \"passthrough\":{{{}}}}}\n",
+         \"passthrough\":{{{}}}{}}}\n",
         std::process::id(),
         reads.saturating_sub(misses),
         get(&counter::bytes_from_cache),
@@ -270,5 +275,9 @@ pub(crate) fn json(
         get(&counter::leases_taken),
         get(&counter::leases_broken),
         passed.join(","),
+        cache
+            .shared
+            .as_ref()
+            .map_or_else(String::new, |shared| format!(",\"shared\":{shared}")),
     ))
 }

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::{With, Writes, command, compile_c, have, run, stats, work_dir, write_pattern};
+use common::{
+    CacheMode, With, Writes, command, compile_c, have, run, stats, work_dir, write_pattern,
+};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
@@ -20,7 +22,11 @@ fn stress_factor() -> usize {
 }
 
 fn library(writes: Writes, stats: &Path) -> With<'_> {
-    With::Library { writes, stats }
+    With::Library {
+        cache: CacheMode::Private,
+        writes,
+        stats,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{With, Writes, command, compile_c, have, stats, work_dir};
+use common::{CacheMode, With, Writes, command, compile_c, have, stats, work_dir};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -37,6 +37,7 @@ fn forks_execs_and_signal_handlers_read_right_and_never_hang() {
     for writes in Writes::BOTH {
         let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
         let with = With::Library {
+            cache: CacheMode::Private,
             writes,
             stats: &stats_path,
         };

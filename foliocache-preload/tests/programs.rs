@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{With, Writes, have, preload_lib, run, stats, work_dir, write_pattern};
+use common::{CacheMode, With, Writes, have, preload_lib, run, stats, work_dir, write_pattern};
 use std::path::Path;
 use std::process::Command;
 
@@ -24,9 +24,14 @@ fn sha256sum_and_cat_match_without_the_library() {
         write_pattern(&dir.join(name), *size, *size as u64 + 7);
     }
     let args: Vec<&str> = names.iter().map(String::as_str).collect();
-    for writes in Writes::BOTH {
-        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+    for (cache, writes) in common::modes() {
+        let stats_path = dir.join(format!(
+            "stats-{}-{}.jsonl",
+            cache.as_str(),
+            writes.as_str()
+        ));
         let with = With::Library {
+            cache,
             writes,
             stats: &stats_path,
         };
@@ -107,9 +112,14 @@ fn python_seeks_pread_threads_and_writes_match() {
     write_pattern(&dir.join("data"), 3 * (1 << 20) + 4321, 99);
     std::fs::write(dir.join("script.py"), PYTHON).unwrap();
     let plain = run(&dir, With::Kernel, "python3", &["script.py", "data"]);
-    for writes in Writes::BOTH {
-        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+    for (cache, writes) in common::modes() {
+        let stats_path = dir.join(format!(
+            "stats-{}-{}.jsonl",
+            cache.as_str(),
+            writes.as_str()
+        ));
         let with = With::Library {
+            cache,
             writes,
             stats: &stats_path,
         };
@@ -123,7 +133,7 @@ fn python_seeks_pread_threads_and_writes_match() {
         );
         let stats = stats(&stats_path);
         assert!(stats.hits > 0, "the cache served no read: {stats:?}");
-        stats.assert_writes_went(writes);
+        stats.assert_writes_went(cache, writes);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -161,11 +171,16 @@ fn sqlite_fills_indexes_queries_and_checks_the_same() {
     for sql in [SQL_FILL, SQL_QUERY] {
         plain_out.push(run(&plain_dir, With::Kernel, "sqlite3", &["db.sqlite", sql]).stdout);
     }
-    for writes in Writes::BOTH {
-        let cached_dir = dir.join(writes.as_str());
+    for (cache, writes) in common::modes() {
+        let cached_dir = dir.join(format!("{}-{}", cache.as_str(), writes.as_str()));
         std::fs::create_dir_all(&cached_dir).unwrap();
-        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+        let stats_path = dir.join(format!(
+            "stats-{}-{}.jsonl",
+            cache.as_str(),
+            writes.as_str()
+        ));
         let with = With::Library {
+            cache,
             writes,
             stats: &stats_path,
         };
@@ -185,7 +200,7 @@ fn sqlite_fills_indexes_queries_and_checks_the_same() {
         assert!(a == b, "the database files differ ({writes:?})");
         let stats = stats(&stats_path);
         assert!(stats.hits > 0, "the cache served no read: {stats:?}");
-        stats.assert_writes_went(writes);
+        stats.assert_writes_went(cache, writes);
         if writes == Writes::Back {
             assert!(stats.syncs > 0, "sqlite's fsyncs: {stats:?}");
         }
@@ -210,9 +225,14 @@ fn fio_writes_then_verifies_crc32c() {
         "--randrepeat=1",
         dir_arg.as_str(),
     ];
-    for writes in Writes::BOTH {
-        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+    for (cache, writes) in common::modes() {
+        let stats_path = dir.join(format!(
+            "stats-{}-{}.jsonl",
+            cache.as_str(),
+            writes.as_str()
+        ));
         let with = With::Library {
+            cache,
             writes,
             stats: &stats_path,
         };
@@ -235,7 +255,7 @@ fn fio_writes_then_verifies_crc32c() {
         let stats = stats(&stats_path);
         assert!(stats.reads > 0, "{stats:?}");
         assert!(stats.hits > 0, "the cache served no read hit: {stats:?}");
-        stats.assert_writes_went(writes);
+        stats.assert_writes_went(cache, writes);
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -290,11 +310,16 @@ fn rocksdb_writes_compacts_reads_and_scans_the_same() {
     assert!(plain[2].ends_with("of 20000 found)"), "{plain:?}");
     let plain_scan = run(&plain_dir, With::Kernel, "ldb", &scan).stdout;
     assert!(plain_scan.len() > 1 << 20, "the scan printed too little");
-    for writes in Writes::BOTH {
-        let cached_dir = dir.join(writes.as_str());
+    for (cache, writes) in common::modes() {
+        let cached_dir = dir.join(format!("{}-{}", cache.as_str(), writes.as_str()));
         std::fs::create_dir_all(&cached_dir).unwrap();
-        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
+        let stats_path = dir.join(format!(
+            "stats-{}-{}.jsonl",
+            cache.as_str(),
+            writes.as_str()
+        ));
         let with = With::Library {
+            cache,
             writes,
             stats: &stats_path,
         };
@@ -316,7 +341,7 @@ fn rocksdb_writes_compacts_reads_and_scans_the_same() {
         }
         let stats = stats(&stats_path);
         assert!(stats.hits > 0, "the cache served no read: {stats:?}");
-        stats.assert_writes_went(writes);
+        stats.assert_writes_went(cache, writes);
         if writes == Writes::Back {
             assert!(stats.syncs > 0, "RocksDB's fsyncs: {stats:?}");
         }
@@ -361,7 +386,7 @@ fn a_bad_setting_prints_one_line_and_runs_uncached() {
 }
 
 #[test]
-fn files_without_direct_io_pass_through() {
+fn files_without_direct_io_pass_through_a_private_cache() {
     if !have("sha256sum") {
         return;
     }
@@ -374,10 +399,12 @@ fn files_without_direct_io_pass_through() {
     let dir = shm.join(format!("foliocache-preload-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     write_pattern(&dir.join("data"), 200_000, 11);
-    let stats_path = work_dir("tmpfs").join("stats.jsonl");
+    let stats_dir = work_dir("tmpfs");
     let plain = run(&dir, With::Kernel, "sha256sum", &["data"]);
-    for writes in Writes::BOTH {
+    for (cache, writes) in common::modes() {
+        let stats_path = stats_dir.join(format!("{}-{}.jsonl", cache.as_str(), writes.as_str()));
         let with = With::Library {
+            cache,
             writes,
             stats: &stats_path,
         };
@@ -388,7 +415,12 @@ fn files_without_direct_io_pass_through() {
             "{}",
             String::from_utf8_lossy(&cached.stderr)
         );
+        // A private cache needs direct I/O; a shared cache's owner reads tmpfs buffered.
+        let expected = match cache {
+            CacheMode::Private => 0,
+            CacheMode::Shared => 1,
+        };
+        assert_eq!(stats(&stats_path).files, expected, "{cache:?} {writes:?}");
     }
-    assert_eq!(stats(&stats_path).files, 0);
     let _ = std::fs::remove_dir_all(&dir);
 }

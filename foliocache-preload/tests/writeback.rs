@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{With, Writes, command, compile_c, have, run, stats, work_dir};
+use common::{CacheMode, With, Writes, command, compile_c, have, run, stats, work_dir};
 use std::path::Path;
 
 /// Runs `program args` in `dir` with the library in write-back mode; its counters go to
@@ -13,6 +13,7 @@ use std::path::Path;
 fn run_back(dir: &Path, program: &str, args: &[&str]) -> String {
     let stats_path = dir.join("stats.jsonl");
     let with = With::Library {
+        cache: CacheMode::Private,
         writes: Writes::Back,
         stats: &stats_path,
     };
@@ -116,6 +117,7 @@ fn every_stat_call_and_seek_end_report_the_size_the_writes_made() {
     for with in [
         With::Kernel,
         With::Library {
+            cache: CacheMode::Private,
             writes: Writes::Through,
             stats: &dir.join("t.jsonl"),
         },
@@ -130,7 +132,7 @@ fn every_stat_call_and_seek_end_report_the_size_the_writes_made() {
     let text = run_back(&dir, exe, &["data", "dup"]);
     assert_ok(&text);
     assert!(text.contains("lagged 1"), "the kernel never lagged: {text}");
-    stats(&dir.join("stats.jsonl")).assert_writes_went(Writes::Back);
+    stats(&dir.join("stats.jsonl")).assert_writes_went(CacheMode::Private, Writes::Back);
     // Two descriptions: no lease, the file passes through, and the kernel has every byte.
     let _ = std::fs::remove_file(dir.join("stats.jsonl"));
     let text = run_back(&dir, exe, &["data", "reopen"]);
@@ -235,7 +237,7 @@ fn appends_from_many_threads_lose_and_overlap_nothing() {
         assert!(next.iter().all(|&n| n == records), "{next:?}");
         let s = stats(&stats_path);
         if how == "one" {
-            s.assert_writes_went(Writes::Back);
+            s.assert_writes_went(CacheMode::Private, Writes::Back);
         } else {
             assert!(s.passed("busy") > 0, "{s:?}");
         }
@@ -275,7 +277,7 @@ fn mappings_see_the_writes() {
     assert_ok(&run_back(&dir, "python3", &["maps.py", "data"]));
     let s = stats(&dir.join("stats.jsonl"));
     assert!(s.flushes > 0, "no flush before the mapping: {s:?}");
-    s.assert_writes_went(Writes::Back);
+    s.assert_writes_went(CacheMode::Private, Writes::Back);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -329,6 +331,7 @@ fn children_and_new_programs_see_unsynced_writes() {
     let script = dir.join("children.py");
     let stats_path = dir.join("stats.jsonl");
     let with = With::Library {
+        cache: CacheMode::Private,
         writes: Writes::Back,
         stats: &stats_path,
     };
@@ -343,7 +346,7 @@ fn children_and_new_programs_see_unsynced_writes() {
         std::fs::read(served.join("data")).unwrap(),
         std::fs::read(dir.join("expect")).unwrap()
     );
-    stats(&stats_path).assert_writes_went(Writes::Back);
+    stats(&stats_path).assert_writes_went(CacheMode::Private, Writes::Back);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -388,7 +391,7 @@ fn a_normal_exit_leaves_unsynced_writes_on_storage() {
     }
     plain.extend(b"end");
     assert!(std::fs::read(dir.join("plain.bin")).unwrap() == plain);
-    stats(&dir.join("stats.jsonl")).assert_writes_went(Writes::Back);
+    stats(&dir.join("stats.jsonl")).assert_writes_went(CacheMode::Private, Writes::Back);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -523,7 +526,7 @@ fn truncation_down_and_up_agrees_with_reads_and_storage() {
     std::fs::write(dir.join("truncate.py"), TRUNCATE_PY).unwrap();
     assert_ok(&run_back(&dir, "python3", &["truncate.py", "data"]));
     assert_eq!(std::fs::read(dir.join("data")).unwrap(), b"new");
-    stats(&dir.join("stats.jsonl")).assert_writes_went(Writes::Back);
+    stats(&dir.join("stats.jsonl")).assert_writes_went(CacheMode::Private, Writes::Back);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -598,6 +601,7 @@ fn random_writes_read_back_without_the_library_equal_a_byte_model() {
         let stats_path = dir.join("stats.jsonl");
         let _ = std::fs::remove_file(&stats_path);
         let with = With::Library {
+            cache: CacheMode::Private,
             writes: Writes::Back,
             stats: &stats_path,
         };
@@ -616,7 +620,7 @@ fn random_writes_read_back_without_the_library_equal_a_byte_model() {
         }
         let s = stats(&stats_path);
         if how == "one" {
-            s.assert_writes_went(Writes::Back);
+            s.assert_writes_went(CacheMode::Private, Writes::Back);
             assert!(s.syncs > 0, "{s:?}");
         } else {
             assert!(s.passed("busy") > 0, "{s:?}");
@@ -653,6 +657,7 @@ fn synced_data_survives_a_kill() {
     std::fs::write(dir.join("killed.py"), KILLED_PY).unwrap();
     let stats_path = dir.join("stats.jsonl");
     let with = With::Library {
+        cache: CacheMode::Private,
         writes: Writes::Back,
         stats: &stats_path,
     };
@@ -711,6 +716,7 @@ fn processes_that_coordinate_through_locks_see_each_others_writes() {
     );
     let stats_path = dir.join("stats.jsonl");
     let with = With::Library {
+        cache: CacheMode::Private,
         writes: Writes::Back,
         stats: &stats_path,
     };

@@ -71,7 +71,18 @@ impl Inode {
         })?;
         if done > 0 {
             self.changed();
-            stats::written_to_cache(done);
+            if self.through_sync {
+                stats::written_through(done);
+            } else {
+                stats::written_to_cache(done);
+            }
+        }
+        if self.through_sync && done > 0 {
+            // Shared cache, write-through: the kernel has the bytes before the call returns
+            // (a handle of its own: the descriptions' handles keep their errors for fsync).
+            if let Err(error) = file.handle().sync_range(pos, done, SyncRange::ALL) {
+                return Some(Err(foliocache_capi::errno_of(&error)));
+            }
         }
         Some(match (done, error) {
             (0, Some(errno)) => Err(errno),
@@ -104,6 +115,11 @@ impl Inode {
             return None;
         }
         let serving = self.ticket(fd).is_some(); // a pending switch, or a lease to try again
+        if self.shared && !serving {
+            // Passing through on a shared cache: the kernel has this process's writes (and
+            // the shared cache's were written back at the switch).
+            return None;
+        }
         let file = self.file.get()?;
         if !file.is_writable() || (!serving && matches!(kind, SyncKind::Range { .. })) {
             // (Passing through, the program's writes are the kernel's: sync_file_range is its
@@ -118,13 +134,19 @@ impl Inode {
             SyncKind::Range { offset, len, flags } => handle.sync_range(offset, len, flags),
         };
         stats::synced();
-        Some(result.map_err(|error| foliocache_capi::errno_of(&error)))
+        Some(result.map_err(|error| {
+            super::debug(format_args!("{:?}: a sync failed: {error}", self.key));
+            foliocache_capi::errno_of(&error)
+        }))
     }
 
-    /// Writes back every dirty page and waits (errors stay for the descriptions' syncs).
+    /// Writes back every dirty page and waits (errors stay for the descriptions' syncs). On
+    /// a shared cache this is every process's dirty data of the file, whether or not this one
+    /// may write it: whatever makes this process read the file through the kernel must find
+    /// the kernel holding what the shared cache acknowledged.
     pub(super) fn write_back_all(&self) {
         if let Some(handle) = lock(&self.flusher).as_mut()
-            && handle.file().is_writable()
+            && (self.shared || handle.file().is_writable())
         {
             let _ = handle.sync_range(0, 0, SyncRange::ALL);
         }
@@ -135,7 +157,12 @@ impl Inode {
     /// kernel's descriptions do (a description opened after a flush point met an error is
     /// not told of it, see docs/PRELOAD.md).
     pub(crate) fn flush(&self) {
-        if self.is_back() && self.file.get().is_some_and(File::is_writable) {
+        if self.is_back()
+            && self
+                .file
+                .get()
+                .is_some_and(|f| self.shared || f.is_writable())
+        {
             self.write_back_all();
             stats::flushed();
         }

@@ -54,6 +54,21 @@
 //!   calls, `SEEK_DATA`/`SEEK_HOLE`, exit). A write-only description can be served: a write
 //!   into part of a page the cache does not hold goes to storage around the cache.
 //!
+//! # On a shared cache
+//! With `FOLIOCACHE_SHARED` (the default) the cache is shared by every process that uses the
+//! library (`foliocache::Cache::builder().shared`): its owner process keeps the pages, and the
+//! processes are coherent through it, as through the kernel's page cache. No lease is taken
+//! here: the owner holds the leases that tell it of writers outside the cache
+//! (`docs/SHARED.md`). A file is served from its first open, through the library's own
+//! descriptor of it (read-only, or read-write once the program has a writable description),
+//! closed only inside the program's last close as above. Writes go into the shared cache in
+//! both modes, so another process reads them at once and they survive this process's death;
+//! in write-through mode each write is also written back to the kernel before it returns
+//! (`through_sync`), so programs outside the cache see it as they would without the
+//! library. Nothing is written back at a last close or at exit (the dirty data belongs to the
+//! shared cache), and a switch to passing through never drops the shared cache's pages or
+//! another process's dirty data: it only makes this process use the kernel.
+//!
 //! # Never served again
 //! An inode written through a path the library does not see (a `FILE` from `fdopen`, an fd the
 //! table cannot hold, fds 0 to 2 in write-back mode, the program's own O_DIRECT or lease) or
@@ -101,6 +116,10 @@ pub(crate) struct Inode {
     pub(crate) key: (u64, u64),
     cache: Cache,
     writes: Writes,
+    /// On a shared cache (see the module documentation).
+    shared: bool,
+    /// Shared cache, write-through mode: each write is written back before it returns.
+    through_sync: bool,
     ra_bytes: u64,
     /// The cached file, made at the first lease; the same for the inode's whole life.
     file: OnceLock<File>,
@@ -138,6 +157,9 @@ struct Io {
     own: bool,
     /// A descriptor the cached file refused (kept open until the last close).
     refused: Option<OwnedFd>,
+    /// Shared cache: read-only descriptors given up for a writable one (kept open until the
+    /// last close).
+    parked: Vec<OwnedFd>,
     /// The lease held on `lent`.
     lease: Option<Kind>,
     /// Why the file passes through now (`None` while served, or never tried).
@@ -208,10 +230,14 @@ fn fcntl(fd: RawFd, cmd: i32, arg: usize) -> i32 {
 
 impl Inode {
     pub(crate) fn new(cache: &Cache, key: (u64, u64), ra_bytes: u64, writes: Writes) -> Self {
+        let shared = cache.is_shared();
         Self {
             key,
             cache: cache.clone(),
-            writes,
+            // A shared cache takes the writes in both modes.
+            writes: if shared { Writes::Back } else { writes },
+            shared,
+            through_sync: shared && writes == Writes::Through,
             ra_bytes,
             file: OnceLock::new(),
             serving: Serving::new(),
@@ -275,7 +301,7 @@ impl Inode {
     /// No fd of the program's and no descriptor of the library's: the inode can go.
     pub(crate) fn idle(&self) -> bool {
         let io = lock(&self.io);
-        self.fds() == 0 && io.lent.is_none() && io.refused.is_none()
+        self.fds() == 0 && io.lent.is_none() && io.refused.is_none() && io.parked.is_empty()
     }
 
     // -----------------------------------------------------------------------------------------
@@ -411,7 +437,10 @@ impl Inode {
                         return Some(Ok(n));
                     }
                 }
-                Err(error) => return Some(Err(foliocache_capi::errno_of(&error))),
+                Err(error) => {
+                    debug(format_args!("{:?}: a read failed: {error}", self.key));
+                    return Some(Err(foliocache_capi::errno_of(&error)));
+                }
             }
         }
         None
@@ -498,10 +527,40 @@ fn kernel_size(fd: RawFd) -> Option<u64> {
     (rc == 0).then(|| unsafe { st.assume_init() }.st_size as u64)
 }
 
-/// A cache with the settings.
-pub(crate) fn new_cache(capacity: u64) -> Result<Cache, String> {
-    Cache::builder()
-        .capacity(capacity)
-        .build()
-        .map_err(|e| e.to_string())
+/// A cache with the settings: a private one, or an attachment to the shared cache `shared`.
+pub(crate) fn new_cache(capacity: u64, shared: Option<&str>) -> Result<Cache, String> {
+    let mut builder = Cache::builder().capacity(capacity);
+    if let Some(name) = shared {
+        builder = builder.shared(name);
+        if std::env::var_os("FOLIOCACHE_OWNER").is_none()
+            && let Some(owner) = owner_beside_library()
+        {
+            builder = builder.owner_program(owner);
+        }
+    }
+    builder.build().map_err(|e| e.to_string())
+}
+
+/// `foliocache-owner` in the directory this library was loaded from, if it is there (a
+/// build's `target/release`, or where both were installed).
+fn owner_beside_library() -> Option<std::path::PathBuf> {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::uninit();
+    let here = new_cache as *const () as *const libc::c_void;
+    // SAFETY: dladdr fills the local struct for an address inside this library.
+    if unsafe { libc::dladdr(here, info.as_mut_ptr()) } == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded, so it filled the struct.
+    let fname = unsafe { info.assume_init() }.dli_fname;
+    if fname.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated file name owned by the dynamic loader for as long as the
+    // library stays loaded.
+    let name = unsafe { std::ffi::CStr::from_ptr(fname) };
+    let path = std::path::Path::new(
+        <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(name.to_bytes()),
+    );
+    let owner = path.parent()?.join("foliocache-owner");
+    owner.is_file().then_some(owner)
 }

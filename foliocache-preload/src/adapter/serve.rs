@@ -8,7 +8,7 @@
 use super::{FIRST_BACKOFF, Inode, Io, LONGEST_BACKOFF, SERVABLE, debug, fcntl, lock};
 use crate::lease::{self, Kind, Refused};
 use crate::stats::{self, Reason};
-use foliocache::{Error, OpenOptions};
+use foliocache::{Error, File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
@@ -20,6 +20,20 @@ impl Inode {
     pub(crate) fn opened(self: &Arc<Self>, fd: RawFd) {
         self.carry_out_pending();
         let mut io = lock(&self.io);
+        if self.shared {
+            if let Err(reason) = self.serve_shared(&mut io, fd) {
+                debug(format_args!(
+                    "{:?}: not served ({})",
+                    self.key,
+                    reason.as_str()
+                ));
+                if io.why != Some(reason) {
+                    stats::passed_through(reason);
+                }
+                io.why = Some(reason);
+            }
+            return;
+        }
         if self.serving.now() {
             // Still served: the program's open did not conflict with the lease (a read-only
             // open beside a read lease).
@@ -136,18 +150,62 @@ impl Inode {
         Ok(())
     }
 
-    /// A descriptor for a lease of `kind`: the library's own read-only O_DIRECT open, or a
-    /// duplicate of the program's (single, writable) description.
+    /// On a shared cache: serves the file, through a descriptor of the library's own that
+    /// allows writing once the program has a writable description (a read-only one lent
+    /// before is then parked until the last close: closing it would drop the program's
+    /// locks).
+    fn serve_shared(self: &Arc<Self>, io: &mut Io, fd: RawFd) -> Result<(), Reason> {
+        if self.never.load(Ordering::Acquire) != SERVABLE {
+            return Err(io.why.unwrap_or(Reason::UntrackedPath));
+        }
+        if io.shared {
+            return Err(Reason::Inherited);
+        }
+        let write = io.writers > 0;
+        let fits = io.lent.is_some() && (!write || self.file.get().is_some_and(File::is_writable));
+        if !fits {
+            let fresh = self.new_descriptor(if write { Kind::Write } else { Kind::Read }, fd)?;
+            crate::own_fds::add(fresh.as_raw_fd());
+            if io.lent.is_some()
+                && let Some(file) = self.file.get()
+            {
+                match file.detach_descriptor() {
+                    Ok(old) => {
+                        io.parked.push(old);
+                        io.lent = None;
+                    }
+                    Err(_) => {
+                        crate::own_fds::remove(fresh.as_raw_fd());
+                        return Err(Reason::Busy);
+                    }
+                }
+            }
+            self.lend(io, fresh, write)?;
+        }
+        if self.stale.swap(false, Ordering::AcqRel)
+            && let Some(file) = self.file.get()
+        {
+            // This process wrote through the kernel while it passed through.
+            let _ = file.changed_outside();
+        }
+        io.why = None;
+        self.serving.start();
+        Ok(())
+    }
+
+    /// A descriptor for a lease of `kind`: the library's own read-only open (O_DIRECT for a
+    /// private cache), or a duplicate of the program's (single, writable) description.
     fn new_descriptor(&self, kind: Kind, fd: RawFd) -> Result<OwnedFd, Reason> {
         let raw = match kind {
             Kind::Read => {
                 let path = format!("/proc/self/fd/{fd}\0");
+                let direct = if self.shared { 0 } else { libc::O_DIRECT };
                 // SAFETY: a NUL-terminated path; the real open (the library's own descriptor
                 // is not the program's, and is not in the table).
                 let raw = unsafe {
                     crate::real::open(
                         path.as_ptr().cast(),
-                        libc::O_RDONLY | libc::O_DIRECT | libc::O_CLOEXEC,
+                        libc::O_RDONLY | direct | libc::O_CLOEXEC,
                         0,
                     )
                 };
@@ -207,6 +265,10 @@ impl Inode {
                 Ok(())
             }
             Err((error, fd)) => {
+                debug(format_args!(
+                    "{:?}: the cache refused it: {error}",
+                    self.key
+                ));
                 io.refused = Some(fd);
                 Err(match error {
                     Error::NoDirectIo { .. } => Reason::NoDirectIo,
@@ -230,8 +292,11 @@ impl Inode {
                     .then(|| self.gate.write().unwrap_or_else(PoisonError::into_inner));
                 self.serving.stop_after(|| {
                     self.write_back_all();
+                    // On a shared cache the dirty data is the cache's, other processes' too:
+                    // it stays (a failed write back is retried by the owner).
                     if let Some(file) = self.file.get()
                         && self.is_back()
+                        && !self.shared
                     {
                         let lost = file.discard_dirty(libc::EIO);
                         if lost > 0 {
@@ -241,7 +306,9 @@ impl Inode {
                 });
             }
             self.stale.store(true, Ordering::Release);
-            if let Some(file) = self.file.get() {
+            if let Some(file) = self.file.get()
+                && !self.shared
+            {
                 file.drop_cached(0, 0);
             }
         }
@@ -297,7 +364,7 @@ impl Inode {
         if self.fds() != 0 {
             return; // reopened meanwhile
         }
-        if self.serving.now() && self.is_back() {
+        if self.serving.now() && self.is_back() && !self.shared {
             self.write_back_all();
         }
         let was_serving = self.serving.now();
@@ -342,6 +409,10 @@ impl Inode {
             crate::own_fds::remove(fd.as_raw_fd());
             drop(fd);
         }
+        for fd in io.parked.drain(..) {
+            crate::own_fds::remove(fd.as_raw_fd());
+            drop(fd);
+        }
         io.own = false;
         io.shared = false;
         io.why = None;
@@ -373,6 +444,7 @@ impl Inode {
         io.lent
             .into_iter()
             .chain(io.refused.as_ref().map(AsRawFd::as_raw_fd))
+            .chain(io.parked.iter().map(AsRawFd::as_raw_fd))
             .collect()
     }
 }

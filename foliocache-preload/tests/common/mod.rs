@@ -20,6 +20,11 @@ pub(crate) fn preload_lib() -> &'static Path {
                 "--release",
                 "-p",
                 "foliocache-preload",
+                "-p",
+                "foliocache",
+                "--bin",
+                "foliocache-owner",
+                "--lib",
                 "--target-dir",
             ])
             .arg(&target)
@@ -73,6 +78,55 @@ pub(crate) fn have(program: &str) -> bool {
     found
 }
 
+/// The runtime directory of this test binary's shared caches (its owners' sockets and logs):
+/// one per test binary, so the tests of one binary share one owner, as the programs of one
+/// user do. Short, for the socket's path.
+pub(crate) fn runtime_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("fc-preload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        // SAFETY: set once, before any test of this binary asks a shared cache anything;
+        // the tests read the environment only through std (which locks it).
+        unsafe { std::env::set_var("FOLIOCACHE_RUNTIME_DIR", &dir) };
+        dir
+    })
+}
+
+/// Asks this binary's shared cache (`default`) to write everything back: before a program
+/// without the library reads what programs with it wrote in write-back mode (the kernel sees
+/// the shared cache's dirty data only once written back, as docs/PRELOAD.md says).
+pub(crate) fn sync_shared() {
+    let _ = runtime_dir();
+    // No owner runs: nothing is dirty.
+    let _ = foliocache::cache_command("default", foliocache::CacheCommand::Sync);
+}
+
+/// Which cache the library uses (`FOLIOCACHE_SHARED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CacheMode {
+    /// The shared cache (the default): one per user, kept by its owner process.
+    Shared,
+    /// A private cache per process (`FOLIOCACHE_SHARED=off`).
+    Private,
+}
+
+impl CacheMode {
+    /// Private first: a shared cache's owner keeps the files it served open after the
+    /// programs left, and a private cache then finds them busy (no lease) and passes them
+    /// through, as it must beside another cache of the same file.
+    pub(crate) const BOTH: [CacheMode; 2] = [CacheMode::Private, CacheMode::Shared];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            CacheMode::Shared => "shared",
+            CacheMode::Private => "private",
+        }
+    }
+}
+
 /// The library's write modes (`FOLIOCACHE_WRITES`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Writes {
@@ -91,12 +145,21 @@ impl Writes {
     }
 }
 
+/// Every cache with every write mode.
+pub(crate) fn modes() -> impl Iterator<Item = (CacheMode, Writes)> {
+    CacheMode::BOTH
+        .into_iter()
+        .flat_map(|cache| Writes::BOTH.into_iter().map(move |writes| (cache, writes)))
+}
+
 /// How a program runs: without the library, or with it serving its directory.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum With<'a> {
     Kernel,
-    /// The library serves the program's directory, in this mode, counters appended to `stats`.
+    /// The library serves the program's directory, from this cache, in this mode, counters
+    /// appended to `stats`.
     Library {
+        cache: CacheMode,
         writes: Writes,
         stats: &'a Path,
     },
@@ -106,12 +169,27 @@ pub(crate) enum With<'a> {
 pub(crate) fn command(dir: &Path, with: With<'_>, program: &str, args: &[&str]) -> Command {
     let mut command = Command::new(program);
     command.args(args).current_dir(dir);
-    if let With::Library { writes, stats } = with {
+    if let With::Library {
+        cache,
+        writes,
+        stats,
+    } = with
+    {
         command
             .env("LD_PRELOAD", preload_lib())
+            .env(
+                "FOLIOCACHE_SHARED",
+                match cache {
+                    CacheMode::Shared => "default",
+                    CacheMode::Private => "off",
+                },
+            )
             .env("FOLIOCACHE_PATHS", dir)
             .env("FOLIOCACHE_WRITES", writes.as_str())
-            .env("FOLIOCACHE_STATS", stats);
+            .env("FOLIOCACHE_STATS", stats)
+            .env("FOLIOCACHE_RUNTIME_DIR", runtime_dir())
+            // An owner left by a test goes soon after the binary's last program.
+            .env("FOLIOCACHE_IDLE_SECS", "20");
     }
     command
 }
@@ -193,9 +271,12 @@ impl Stats {
         self.passthrough.get(reason).copied().unwrap_or(0)
     }
 
-    /// The writes went where the mode sends them: to the kernel (write-through), or into the
-    /// cache and from there to storage (write-back).
-    pub(crate) fn assert_writes_went(&self, writes: Writes) {
+    /// The writes went where the mode sends them: to the kernel before the call returned
+    /// (write-through: through the program's fd with a private cache, through the shared
+    /// cache and written back at once with a shared one), or into the cache and from there
+    /// to storage (write-back; a shared cache's owner writes back on its own time, after the
+    /// process may have gone, so only the writes into it are the process's to count).
+    pub(crate) fn assert_writes_went(&self, cache: CacheMode, writes: Writes) {
         assert!(self.writes > 0, "{writes:?}: no write was seen: {self:?}");
         match writes {
             Writes::Through => {
@@ -204,7 +285,9 @@ impl Stats {
             }
             Writes::Back => {
                 assert!(self.bytes_written_to_cache > 0, "{self:?}");
-                assert!(self.writeback_pages > 0, "nothing written back: {self:?}");
+                if cache == CacheMode::Private {
+                    assert!(self.writeback_pages > 0, "nothing written back: {self:?}");
+                }
             }
         }
     }
