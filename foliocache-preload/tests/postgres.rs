@@ -1,9 +1,10 @@
-//! PostgreSQL through the library, in both write modes, compared with a run without it: a
-//! cluster whose data directory is served, `pgbench -i`, a fixed number of `pgbench`
-//! transactions from four clients, an immediate shutdown, a start (crash recovery), then the
-//! invariants and `pg_amcheck --heapallindexed`. Before the library held leases this
+//! PostgreSQL through the library, on the shared cache and on private caches, in both write
+//! modes, compared with a run without it: a cluster whose data directory is served,
+//! `pgbench -i`, a fixed number of `pgbench` transactions from four clients, an immediate
+//! shutdown, a start (crash recovery), the invariants and `pg_amcheck --heapallindexed`, then
+//! a fast shutdown, a start and the invariants again. Before the library held leases this
 //! corrupted the cluster in both modes (each backend kept a private copy of pages another
-//! backend rewrote).
+//! backend rewrote); on the shared cache every backend reads and writes the same pages.
 //!
 //! The servers run as the `postgres` user (created if missing), listen only on a Unix socket
 //! in the test's directory, and are stopped when the test ends, failed or not. One test in
@@ -12,7 +13,7 @@
 
 mod common;
 
-use common::{Writes, stats, work_dir};
+use common::{CacheMode, Writes, stats, work_dir};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -20,7 +21,7 @@ use std::process::{Command, Output};
 /// Transactions per client by default: enough to corrupt the cluster on 554bbda in both modes
 /// (4 clients).
 const TRANSACTIONS: usize = 1000;
-const SCALE: &str = "10";
+const SCALE: &str = "20";
 
 /// PostgreSQL's programs (the newest version Debian installed).
 fn pg_bin() -> Option<PathBuf> {
@@ -69,13 +70,31 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn new(bin: &Path, dir: PathBuf, ids: (u32, u32), writes: Option<Writes>) -> Self {
+    fn new(bin: &Path, dir: PathBuf, ids: (u32, u32), with: Option<(CacheMode, Writes)>) -> Self {
+        use std::os::unix::fs::PermissionsExt;
         std::fs::create_dir_all(&dir).unwrap();
         std::os::unix::fs::chown(&dir, Some(ids.0), Some(ids.1)).unwrap();
         let data = dir.join("data");
-        let env = match writes {
+        // The shared cache's owner runs as `postgres` too, with its socket and log here.
+        let runtime = dir.join("rt");
+        std::fs::create_dir_all(&runtime).unwrap();
+        std::fs::set_permissions(&runtime, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::chown(&runtime, Some(ids.0), Some(ids.1)).unwrap();
+        let env = match with {
             None => Vec::new(),
-            Some(writes) => vec![
+            Some((cache, writes)) => vec![
+                (
+                    "FOLIOCACHE_SHARED".to_owned(),
+                    match cache {
+                        CacheMode::Shared => "default".to_owned(),
+                        CacheMode::Private => "off".to_owned(),
+                    },
+                ),
+                (
+                    "FOLIOCACHE_RUNTIME_DIR".to_owned(),
+                    runtime.display().to_string(),
+                ),
+                ("FOLIOCACHE_IDLE_SECS".to_owned(), "10".to_owned()),
                 (
                     "LD_PRELOAD".to_owned(),
                     common::preload_lib().display().to_string(),
@@ -254,7 +273,11 @@ fn crash_and_recover(cluster: &mut Cluster, transactions: usize, label: &str) ->
              (SELECT sum(delta) FROM pgbench_history), \
              (SELECT count(*) FROM pgbench_history), (SELECT count(*) FROM pgbench_accounts)"
         ),
-        format!("t|{}|{}", 4 * transactions, 100_000 * 10),
+        format!(
+            "t|{}|{}",
+            4 * transactions,
+            100_000 * SCALE.parse::<usize>().unwrap()
+        ),
         "{label}: the balances do not sum to the history's deltas, or rows were lost"
     );
     let check = cluster
@@ -271,6 +294,21 @@ fn crash_and_recover(cluster: &mut Cluster, transactions: usize, label: &str) ->
         check.status,
         String::from_utf8_lossy(&check.stdout),
         String::from_utf8_lossy(&check.stderr)
+    );
+    // A clean stop and start: the same database.
+    cluster.stop("fast");
+    assert!(
+        cluster.start(),
+        "{label}: the server did not come up after a fast shutdown:\n{}",
+        cluster.log_tail()
+    );
+    assert_eq!(
+        cluster.sql(
+            "SELECT (SELECT sum(abalance) FROM pgbench_accounts) = \
+             (SELECT sum(delta) FROM pgbench_history), (SELECT count(*) FROM pgbench_history)"
+        ),
+        format!("t|{}", 4 * transactions),
+        "{label}: after a fast shutdown and a start"
     );
     cluster.stop("fast");
     tps
@@ -296,35 +334,47 @@ fn postgresql_recovers_from_a_crash_and_checks_clean_through_the_library() {
     let transactions = TRANSACTIONS * factor;
     let root = work_dir("postgres");
     std::os::unix::fs::chown(&root, Some(ids.0), Some(ids.1)).unwrap();
-    let mut report = Vec::new();
+    let mut report: Vec<(String, f64)> = Vec::new();
     let mut kernel = Cluster::new(&bin, root.join("kernel"), ids, None);
     report.push((
-        "kernel",
+        "kernel".to_owned(),
         crash_and_recover(&mut kernel, transactions, "kernel"),
     ));
-    for writes in Writes::BOTH {
-        let label = format!("library, write-{}", writes.as_str());
-        let mut cluster = Cluster::new(&bin, root.join(writes.as_str()), ids, Some(writes));
-        report.push((
-            if writes == Writes::Through {
-                "write-through"
-            } else {
-                "write-back"
-            },
-            crash_and_recover(&mut cluster, transactions, &label),
-        ));
+    for (cache, writes) in common::modes() {
+        let name = format!("{}-{}", cache.as_str(), writes.as_str());
+        let label = format!(
+            "library, {} cache, write-{}",
+            cache.as_str(),
+            writes.as_str()
+        );
+        let mut cluster = Cluster::new(&bin, root.join(&name), ids, Some((cache, writes)));
+        report.push((name, crash_and_recover(&mut cluster, transactions, &label)));
         let s = stats(&cluster.dir.join("stats.jsonl"));
         assert!(s.processes > 0, "{label}: no backend wrote its counters");
         assert!(s.files > 0, "{label}: no file was cached: {s:?}");
-        assert!(s.leases_taken > 0, "{label}: {s:?}");
-        assert!(
-            s.leases_broken + s.passed("busy") > 0,
-            "{label}: no file was ever shared between backends? {s:?}"
-        );
+        match cache {
+            CacheMode::Private => {
+                assert!(s.leases_taken > 0, "{label}: {s:?}");
+                assert!(
+                    s.leases_broken + s.passed("busy") > 0,
+                    "{label}: no file was ever shared between backends? {s:?}"
+                );
+            }
+            CacheMode::Shared => {
+                // The backends' reads came from the one shared cache, which several of them
+                // were attached to at once.
+                assert!(s.hits > 0 && s.bytes_from_cache > 0, "{label}: {s:?}");
+                assert!(s.shared_used_pages > 0, "{label}: {s:?}");
+                assert!(
+                    s.shared_attached_most > 1,
+                    "{label}: never more than one process attached: {s:?}"
+                );
+            }
+        }
     }
     eprintln!("pgbench -c 4 -j 2 -t {transactions} (scale {SCALE}, shared_buffers 1MB), tps:");
     for (label, tps) in &report {
-        eprintln!("  {label:>14}: {tps:8.1}");
+        eprintln!("  {label:>15}: {tps:8.1}");
     }
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -643,6 +643,24 @@ impl Local {
         &self.inner.mem
     }
 
+    /// A staging folio for a shared cache's thread slot: of `order` if the arena has one
+    /// (evicting idle folios as readahead does), else of the largest order below it that it
+    /// has (a full arena of small folios has no large free block; order 0 always comes back
+    /// once something is evicted). The folio and its order.
+    #[cfg(not(loom))]
+    pub(crate) fn alloc_staging(&self, order: u8) -> Result<(u32, u8), Error> {
+        let mut last = Error::NoMemory { order };
+        for order in (0..=order).rev() {
+            for _ in 0..3 {
+                match self.inner.alloc_for_readahead(order) {
+                    Ok(folio) => return Ok((self.inner.mem.make_staging(folio), order)),
+                    Err(e) => last = e,
+                }
+            }
+        }
+        Err(last)
+    }
+
     /// Creates a new, empty mapping (one file's index).
     pub(crate) fn new_mapping(&self) -> Mapping {
         Mapping::new(

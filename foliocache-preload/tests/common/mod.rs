@@ -228,6 +228,10 @@ pub(crate) struct Stats {
     pub(crate) leases_broken: u64,
     /// Files passed through to the kernel, by reason (`passthrough` in the JSON).
     pub(crate) passthrough: std::collections::BTreeMap<String, u64>,
+    /// The shared cache's own counters (the most any process saw): pages in use, processes
+    /// attached at once.
+    pub(crate) shared_used_pages: u64,
+    pub(crate) shared_attached_most: u64,
 }
 
 pub(crate) fn stats(path: &Path) -> Stats {
@@ -256,6 +260,13 @@ pub(crate) fn stats(path: &Path) -> Stats {
         let optional = |key: &str| value[key].as_u64().unwrap_or(0);
         sum.leases_taken += optional("leases_taken");
         sum.leases_broken += optional("leases_broken");
+        if let Some(shared) = value["shared"].as_object() {
+            let most = |key: &str| shared.get(key).and_then(serde_json::Value::as_u64);
+            sum.shared_used_pages = sum.shared_used_pages.max(most("used_pages").unwrap_or(0));
+            sum.shared_attached_most = sum
+                .shared_attached_most
+                .max(most("attached_processes").unwrap_or(0));
+        }
         if let Some(reasons) = value["passthrough"].as_object() {
             for (reason, n) in reasons {
                 *sum.passthrough.entry(reason.clone()).or_default() += n.as_u64().unwrap_or(0);

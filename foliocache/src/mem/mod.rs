@@ -368,6 +368,10 @@ impl Memory {
             return Err(Error::NoMemory { order });
         }
         self.settle_index_reserve();
+        #[cfg(not(loom))]
+        if let Some((_, nodes)) = &self.shared {
+            nodes.top_up();
+        }
         let pfn = match self.grace.buddy().alloc(order) {
             Some(pfn) => pfn,
             // Memory may be waiting for optimistic readers to finish with it (a grace period):
@@ -401,22 +405,20 @@ impl Memory {
         })
     }
 
-    /// A staging folio for a shared cache's client thread (the bytes of its writes and
-    /// copied reads): allocated, marked as staging in its descriptor (so a new owner knows it
-    /// for what it is), and held by one reference until [`Self::free_staging`].
+    /// Makes a folio just allocated the staging folio of a client thread's slot (a shared
+    /// cache): its descriptor says so, and its reference lives on in the slot.
     #[cfg(not(loom))]
-    pub(crate) fn alloc_staging(&self, order: u8) -> Result<u32, Error> {
-        let folio = self.alloc_folio(order)?;
+    pub(crate) fn make_staging(&self, folio: NewFolio<'_>) -> u32 {
         let pfn = folio.folio.pfn;
         self.desc(pfn)
             .mapping
             .store(shared::STAGING, Ordering::Release);
         // The reference lives on in the slot that names the folio.
         std::mem::forget(folio);
-        Ok(pfn)
+        pfn
     }
 
-    /// Frees a staging folio (`alloc_staging`, or one a new owner adopted).
+    /// Frees a staging folio (`make_staging`, or one a new owner adopted).
     #[cfg(not(loom))]
     pub(crate) fn free_staging(&self, pfn: u32) {
         let desc = self.desc(pfn);

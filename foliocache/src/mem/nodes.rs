@@ -86,7 +86,17 @@ struct NodePages {
     /// Pages with a free node, and maybe stale entries (pages since filled or given back):
     /// checked when taken.
     partial: Vec<u32>,
+    /// Free pages kept for nodes ([`ArenaNodes::top_up`]): a node is allocated under an
+    /// index's writer lock, where nothing can be evicted to make room, so folio allocations
+    /// (which evict when the arena is dry) set these aside first, as the private cache's
+    /// index reserve does. A new owner finds them free (no descriptor names them).
+    spare: Vec<u32>,
 }
+
+/// Pages [`ArenaNodes::top_up`] keeps aside: 32 pages, 224 nodes, far more than one insertion
+/// needs.
+#[cfg(not(loom))]
+const SPARE_PAGES: usize = 32;
 
 #[cfg(not(loom))]
 impl ArenaNodes {
@@ -104,6 +114,21 @@ impl ArenaNodes {
                 crate::sync::order::Rank::IndexReserve,
                 NodePages::default(),
             ),
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl ArenaNodes {
+    /// Sets free pages aside for nodes, up to [`SPARE_PAGES`] (before a folio allocation,
+    /// see `NodePages::spare`).
+    pub(crate) fn top_up(&self) {
+        let mut pages = self.pages.lock();
+        while pages.spare.len() < SPARE_PAGES {
+            match self.buddy.alloc(0) {
+                Some(pfn) => pages.spare.push(pfn),
+                None => break,
+            }
         }
     }
 }
@@ -136,7 +161,10 @@ impl NodeSpace for ArenaNodes {
                 }
             }
         }
-        let pfn = self.buddy.alloc(0)?;
+        let pfn = match pages.spare.pop() {
+            Some(pfn) => pfn,
+            None => self.buddy.alloc(0)?,
+        };
         self.map.table()[pfn as usize]
             .mapping
             .store(NODE_PAGE, std::sync::atomic::Ordering::Release);

@@ -296,10 +296,9 @@ impl Owner {
                 .unwrap_or_else(PoisonError::into_inner)
                 .contains_key(&(slot as u32));
         if !keep {
-            match local.memory().alloc_staging(self.staging_order) {
-                Ok(pfn) => {
-                    t.staging_order
-                        .store(u32::from(self.staging_order), Ordering::Relaxed);
+            match local.alloc_staging(self.staging_order) {
+                Ok((pfn, order)) => {
+                    t.staging_order.store(u32::from(order), Ordering::Relaxed);
                     t.staging.store(pfn, Ordering::Release);
                 }
                 Err(e) => return refuse(&e),

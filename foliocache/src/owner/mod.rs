@@ -75,6 +75,17 @@ pub fn main() -> i32 {
         };
     }
     let _ = rustix::process::setsid();
+    // The owner holds descriptors of every file it serves (a database has thousands): it
+    // takes all the descriptors the system lets it have, and retires idle files when even
+    // those run out (`open_path`).
+    let files = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let _ = rustix::process::setrlimit(
+        rustix::process::Resource::Nofile,
+        rustix::process::Rlimit {
+            current: files.maximum,
+            maximum: files.maximum,
+        },
+    );
     // Before any thread starts: lease breaks wait for the lease thread (`leases.rs`).
     if let Err(e) = crate::io::lease::block_signals() {
         eprintln!("foliocache-owner: cannot block the lease signals: {e}");
@@ -625,7 +636,15 @@ impl Owner {
             .write(write)
             .max_order(max_order)
             .buffered_fallback(true);
-        let file = self.cache.open_with(path, options)?;
+        let file = match self.cache.open_with(path, options) {
+            Err(Error::Open { source, .. }) if source.raw_os_error() == Some(libc::EMFILE) => {
+                // Out of descriptors: idle files give theirs back.
+                self.retire_unreachable();
+                self.retire_idle(64);
+                self.cache.open_with(path, options)?
+            }
+            other => other?,
+        };
         let meta = std::fs::metadata(path).map_err(|source| Error::Open {
             path: path.to_owned(),
             source,

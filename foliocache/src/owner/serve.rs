@@ -141,7 +141,15 @@ fn run(owner: &Owner, t: &ThreadSlot, request: &[u64; MAIL_WORDS]) -> [u64; MAIL
         }
         _ => return bad_request(),
     };
-    result.unwrap_or_else(|e| failed(&e, None))
+    result.unwrap_or_else(|e| {
+        if std::env::var_os("FOLIOCACHE_OWNER_DEBUG").is_some() {
+            eprintln!(
+                "foliocache-owner: request {} failed: {e:?}",
+                request[at::OP]
+            );
+        }
+        failed(&e, None)
+    })
 }
 
 fn max_ra_pages() -> u64 {
