@@ -24,6 +24,10 @@ pub(crate) struct RunArgs {
     /// any program), or `back` into the cache, written to storage later (see docs/PRELOAD.md).
     #[arg(long, value_name = "MODE", value_parser = ["through", "back"])]
     writes: Option<String>,
+    /// The shared cache the program's processes use (a name; default: the user's one), or
+    /// `off` for a private cache per process (see docs/PRELOAD.md).
+    #[arg(long, value_name = "NAME|off")]
+    shared: Option<String>,
     /// Append the cache's counters (one JSON object per process) to this file at exit.
     #[arg(long, value_name = "PATH")]
     stats: Option<PathBuf>,
@@ -51,6 +55,11 @@ pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
     };
     if !candidate.is_file() && automatic {
         build_in_checkout(&candidate, &["-p", "foliocache-preload"]);
+    }
+    // The shared cache's owner program, which the library looks for beside itself.
+    let owner = candidate.with_file_name("foliocache-owner");
+    if !owner.is_file() && automatic {
+        build_in_checkout(&owner, &["-p", "foliocache", "--bin", "foliocache-owner"]);
     }
     if candidate.is_file() {
         std::fs::canonicalize(&candidate).map_err(|e| e.to_string())
@@ -151,6 +160,9 @@ pub(crate) fn run(args: &RunArgs) -> Result<(), String> {
     );
     if let Some(writes) = &args.writes {
         env.push(("FOLIOCACHE_WRITES".to_owned(), writes.clone()));
+    }
+    if let Some(shared) = &args.shared {
+        env.push(("FOLIOCACHE_SHARED".to_owned(), shared.clone()));
     }
     let error = Command::new(program).args(rest).envs(env).exec();
     Err(format!("cannot run {program}: {error}"))

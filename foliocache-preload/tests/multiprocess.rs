@@ -29,6 +29,14 @@ fn library(writes: Writes, stats: &Path) -> With<'_> {
     }
 }
 
+fn library_on(cache: CacheMode, writes: Writes, stats: &Path) -> With<'_> {
+    With::Library {
+        cache,
+        writes,
+        stats,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Locks
 
@@ -137,10 +145,12 @@ fn a_reader_sees_another_processs_write_as_soon_as_it_returned() {
     std::fs::write(dir.join("reread.py"), REREADER_PY).unwrap();
     std::fs::write(dir.join("write.py"), WRITER_PY).unwrap();
     let rounds = 10 * stress_factor();
-    for writes in Writes::BOTH {
+    for (cache, writes) in common::modes() {
         std::fs::write(dir.join("f"), vec![0u8; 64 << 10]).unwrap();
-        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
-        let writer_stats = dir.join(format!("writer-{}.jsonl", writes.as_str()));
+        let mode = format!("{}-{}", cache.as_str(), writes.as_str());
+        let stats_path = dir.join(format!("stats-{mode}.jsonl"));
+        let writer_stats = dir.join(format!("writer-{mode}.jsonl"));
+        let library = |writes, stats| library_on(cache, writes, stats);
         let mut reader = Rereader::start(&dir, library(writes, &stats_path));
         assert_eq!(reader.read(), "00".repeat(16));
         assert_eq!(reader.read(), "00".repeat(16));
@@ -158,16 +168,22 @@ fn a_reader_sees_another_processs_write_as_soon_as_it_returned() {
                 assert_eq!(
                     reader.read(),
                     expected,
-                    "{writes:?}, round {round}, read {k}: the reader saw old bytes after the \
+                    "{mode}, round {round}, read {k}: the reader saw old bytes after the \
                      writer's write returned"
                 );
             }
         }
         reader.finish();
         let s = stats(&stats_path);
-        assert!(s.hits > 0, "{writes:?}: {s:?}");
-        assert!(s.leases_taken > 0, "{writes:?}: {s:?}");
-        assert!(s.leases_broken > 0, "{writes:?}: {s:?}");
+        assert!(s.hits > 0, "{mode}: {s:?}");
+        if cache == CacheMode::Private {
+            assert!(s.leases_taken > 0, "{mode}: {s:?}");
+            assert!(s.leases_broken > 0, "{mode}: {s:?}");
+        } else {
+            // The reader's reads came from the shared cache, its writers' writes through it.
+            assert!(s.shared_used_pages > 0, "{mode}: {s:?}");
+            assert!(stats(&writer_stats).writes > 0, "{mode}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -422,7 +438,8 @@ fn sqlite_in_wal_mode_with_two_writers_and_a_reader_stays_consistent() {
     std::fs::write(dir.join("writer.py"), WAL_WRITER_PY).unwrap();
     std::fs::write(dir.join("reader.py"), WAL_READER_PY).unwrap();
     let rows = 400 * stress_factor();
-    for writes in Writes::BOTH {
+    for (cache, writes) in common::modes() {
+        let mode = format!("{}-{}", cache.as_str(), writes.as_str());
         for name in ["db.sqlite", "db.sqlite-wal", "db.sqlite-shm", "stop"] {
             let _ = std::fs::remove_file(dir.join(name));
         }
@@ -436,8 +453,8 @@ fn sqlite_in_wal_mode_with_two_writers_and_a_reader_stays_consistent() {
              CREATE TABLE total(rows INTEGER, sum INTEGER); INSERT INTO total VALUES (0, 0);",
             ],
         );
-        let stats_path = dir.join(format!("stats-{}.jsonl", writes.as_str()));
-        let with = library(writes, &stats_path);
+        let stats_path = dir.join(format!("stats-{mode}.jsonl"));
+        let with = library_on(cache, writes, &stats_path);
         let spawn = |args: &[&str]| {
             command(&dir, with, "python3", args)
                 .stdout(Stdio::piped())
@@ -469,6 +486,8 @@ fn sqlite_in_wal_mode_with_two_writers_and_a_reader_stays_consistent() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        // A program without the library sees the shared cache's writes once written back.
+        common::sync_shared();
         let out = run(
             &dir,
             With::Kernel,
@@ -482,17 +501,147 @@ fn sqlite_in_wal_mode_with_two_writers_and_a_reader_stays_consistent() {
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
             format!("ok\n{}|2\n{}\n", 2 * rows, 2 * rows),
-            "{writes:?}"
+            "{mode}"
         );
         let s = stats(&stats_path);
         assert_eq!(s.processes, 3, "{s:?}");
-        assert!(s.leases_taken > 0, "{writes:?}: {s:?}");
-        assert!(s.leases_broken > 0, "{writes:?}: {s:?}");
+        if cache == CacheMode::Private {
+            assert!(s.leases_taken > 0, "{mode}: {s:?}");
+            assert!(s.leases_broken > 0, "{mode}: {s:?}");
+        } else {
+            assert!(s.hits > 0 && s.writes > 0, "{mode}: {s:?}");
+        }
         assert!(
             s.passed("shared-mapping") > 0,
-            "{writes:?}: the -shm file: {s:?}"
+            "{mode}: the -shm file: {s:?}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data-loader workers on the shared cache
+
+/// Four worker processes (forked by `multiprocessing`) each read every dataset file in
+/// shuffled records of 4 KiB to 1 MiB, put each file back together and print its SHA-256.
+const LOADER_PY: &str = r#"
+import hashlib, multiprocessing as mp, os, random, sys
+files = sys.argv[1:]
+def work(seed):
+    rnd = random.Random(seed)
+    sums = []
+    for path in files:
+        size = os.path.getsize(path)
+        cuts, at = [], 0
+        while at < size:
+            n = min(size - at, rnd.randint(4096, 1 << 20))
+            cuts.append((at, n)); at += n
+        rnd.shuffle(cuts)
+        fd = os.open(path, os.O_RDONLY)
+        parts = {at: os.pread(fd, n, at) for at, n in cuts}
+        os.close(fd)
+        whole = b''.join(parts[at] for at in sorted(parts))
+        sums.append(hashlib.sha256(whole).hexdigest() if len(whole) == size else 'short')
+    return sums
+if __name__ == '__main__':
+    mp.set_start_method('fork')
+    with mp.Pool(4) as pool:
+        for sums in pool.map(work, range(4)):
+            print(' '.join(sums))
+"#;
+
+#[test]
+fn data_loader_workers_share_one_copy_and_start_warm() {
+    if !have("python3") {
+        return;
+    }
+    let dir = work_dir("mp-loader");
+    std::fs::write(dir.join("loader.py"), LOADER_PY).unwrap();
+    let names: Vec<String> = (0..4).map(|i| format!("part{i}.bin")).collect();
+    let mut sums = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        // Odd sizes: records end short of pages and of the file.
+        let data = common::pattern((6 << 20) + 4096 * i + 123, 50 + i as u64);
+        sums.push(sha256_hex(&data));
+        std::fs::write(dir.join(name), data).unwrap();
+    }
+    let expected = sums.join(" ");
+    let dataset_pages: u64 = names
+        .iter()
+        .map(|n| std::fs::metadata(dir.join(n)).unwrap().len().div_ceil(4096))
+        .sum();
+    // A cache of its own, so its pages are only this dataset's.
+    let cache_name = format!("loader{}", std::process::id());
+    let mut args = vec!["loader.py"];
+    args.extend(names.iter().map(String::as_str));
+    // (The workers end with `os._exit`, as `multiprocessing`'s do: they write no counters;
+    // the shared cache's status says what it holds and what it read.)
+    let dataset = |status: &serde_json::Value| -> (u64, u64) {
+        let mut pages_and_reads = (0, 0);
+        for file in status["files"].as_array().expect("files in the status") {
+            let path = file["path"].as_str().unwrap_or("");
+            if names.iter().any(|n| path.ends_with(n.as_str())) {
+                pages_and_reads.0 += file["cached_pages"].as_u64().unwrap_or(0);
+                pages_and_reads.1 += file["device_read_bytes"].as_u64().unwrap_or(0);
+            }
+        }
+        pages_and_reads
+    };
+    let mut device = Vec::new();
+    for pass in ["cold", "warm"] {
+        let stats_path = dir.join(format!("stats-{pass}.jsonl"));
+        let out = command(
+            &dir,
+            library_on(CacheMode::Shared, Writes::Through, &stats_path),
+            "python3",
+            &args,
+        )
+        .env("FOLIOCACHE_SHARED", &cache_name)
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{pass}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{pass}: {text}");
+        for line in lines {
+            assert_eq!(line, expected, "{pass}: a worker read other bytes");
+        }
+        let status: serde_json::Value = serde_json::from_str(
+            &foliocache::cache_command(&cache_name, foliocache::CacheCommand::Status)
+                .expect("the loader's shared cache"),
+        )
+        .expect("a JSON status");
+        let (pages, read) = dataset(&status);
+        // Each page once in memory, however many workers read it.
+        assert!(
+            pages >= dataset_pages * 9 / 10 && pages <= dataset_pages,
+            "{pass}: {pages} pages cached for a dataset of {dataset_pages}"
+        );
+        // And the whole cache holds no more than that (besides staging folios and index
+        // nodes): four workers did not make four copies.
+        let used = status["total_pages"].as_u64().unwrap_or(0)
+            - status["free_pages"].as_u64().unwrap_or(0);
+        assert!(
+            used <= dataset_pages + dataset_pages / 10 + 512,
+            "{pass}: the cache uses {used} pages for a dataset of {dataset_pages}"
+        );
+        device.push(read);
+    }
+    // The second run found the first run's pages: the files were read from the device in
+    // the first run only.
+    assert!(device[0] > 0, "the cold pass read nothing from the device?");
+    assert_eq!(
+        device[1], device[0],
+        "the warm pass read from the device: the cache did not keep the first run's pages"
+    );
+    let _ = foliocache::cache_command(
+        &cache_name,
+        foliocache::CacheCommand::Destroy { force: true },
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -453,6 +453,37 @@ fn child_entry() -> bool {
             forker();
             true
         }
+        Some("claims-other-user") => {
+            // Another user's own cache, on a file the test user's cache serves: refused.
+            let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
+            let rt = std::env::temp_dir().join(format!("fc-claims-{}", std::process::id()));
+            std::fs::create_dir_all(&rt).unwrap();
+            std::fs::set_permissions(&rt, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .unwrap();
+            let opened = with_runtime_dir(&rt, || {
+                let cache = Cache::builder()
+                    .capacity(32 << 20)
+                    .idle_timeout(Duration::from_secs(2))
+                    .shared("theirs")
+                    .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+                    .build()
+                    .expect("attach as another user");
+                let opened = cache.open(dir.join("data")).map(drop);
+                let _ = foliocache::cache_command("theirs", CacheCommand::Destroy { force: true });
+                opened
+            });
+            let _ = std::fs::remove_dir_all(&rt);
+            match opened {
+                Err(e) if e.to_string().contains("another cache") => {
+                    println!("refused: {e}");
+                    std::process::exit(0);
+                }
+                other => {
+                    eprintln!("another user's cache opened a claimed file: {other:?}");
+                    std::process::exit(1);
+                }
+            }
+        }
         Some("lease-reader") => {
             // Opens the file nobody writes read-only (the owner leases it from this
             // connection's thread), reads it, and leaves.
@@ -1104,6 +1135,88 @@ fn a_forked_child_attaches_anew() {
         .wait_with_output()
         .unwrap();
     assert!(out.status.success(), "the forker failed: {}", out.status);
+}
+
+/// One file, one cache (`docs/SHARED.md`): a second cache of the same user, and another
+/// user's cache, are refused a file the first serves; once the first cache is gone the
+/// second may serve it.
+#[test]
+fn a_file_is_served_by_one_cache_at_a_time() {
+    if child_entry() {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let setup = Setup::new("claims", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let second = format!("{}-b", setup.name);
+    let attach = |name: &str| {
+        with_runtime_dir(&setup.dir.join("rt"), || {
+            Cache::builder()
+                .capacity(32 << 20)
+                .idle_timeout(Duration::from_secs(5))
+                .shared(name)
+                .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+                .build()
+        })
+        .expect("attach")
+    };
+    let first = attach(&setup.name);
+    let path = setup.dir.join("data");
+    let file = first
+        .open_with(&path, OpenOptions::new().write(true))
+        .expect("the first cache opens the file");
+    let other = attach(&second);
+    let refused = other.open(&path).map(drop);
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("another cache")),
+        "a second cache opened a file the first serves: {refused:?}"
+    );
+    if rustix::process::geteuid().is_root() {
+        std::fs::set_permissions(
+            &setup.dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_file_is_served_by_one_cache_at_a_time",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("FOLIOCACHE_CHILD", "claims-other-user")
+            .envs(setup.env())
+            .env_remove("FOLIOCACHE_RUNTIME_DIR")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        if text.contains("Permission denied") && !text.contains("refused") {
+            common::skip("the test binary is not readable by another user here");
+        } else {
+            assert!(out.status.success(), "{text}");
+            println!("another user's cache: {}", text.trim());
+        }
+    }
+    // The first cache goes: its claims go with its owner.
+    drop(file);
+    drop(first);
+    let _ = setup.admin(CacheCommand::Destroy { force: true });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match other.open(&path) {
+            Ok(_) => break,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "the second cache is still refused 10 s after the first went: {e}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    with_runtime_dir(&setup.dir.join("rt"), || {
+        let _ = foliocache::cache_command(&second, CacheCommand::Destroy { force: true });
+    });
 }
 
 /// Whether process `pid` has exited (gone, or a zombie).

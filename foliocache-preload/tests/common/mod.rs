@@ -232,6 +232,9 @@ pub(crate) struct Stats {
     /// attached at once.
     pub(crate) shared_used_pages: u64,
     pub(crate) shared_attached_most: u64,
+    /// The most `bytes_from_device` any process reported (on a shared cache, the files'
+    /// device reads so far, every process's).
+    pub(crate) device_bytes_most: u64,
 }
 
 pub(crate) fn stats(path: &Path) -> Stats {
@@ -260,6 +263,9 @@ pub(crate) fn stats(path: &Path) -> Stats {
         let optional = |key: &str| value[key].as_u64().unwrap_or(0);
         sum.leases_taken += optional("leases_taken");
         sum.leases_broken += optional("leases_broken");
+        sum.device_bytes_most = sum
+            .device_bytes_most
+            .max(value["bytes_from_device"].as_u64().unwrap_or(0));
         if let Some(shared) = value["shared"].as_object() {
             let most = |key: &str| shared.get(key).and_then(serde_json::Value::as_u64);
             sum.shared_used_pages = sum.shared_used_pages.max(most("used_pages").unwrap_or(0));

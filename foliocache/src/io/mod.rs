@@ -17,6 +17,8 @@
 //! a backend as `&mut [u8]`) while the folio is locked and not uptodate, and the io_uring
 //! submission and completion queues.
 
+#[cfg(not(loom))]
+pub(crate) mod claim;
 mod direct;
 #[cfg(not(loom))]
 pub(crate) mod lease;

@@ -513,6 +513,11 @@ impl Owner {
             live.counters[super::takeover::KEPT].load(Ordering::Relaxed)
         ));
         out.push_str(&format!(
+            "\"claims_file\":{:?},\"claims_refused\":{},",
+            self.claims.describe(),
+            self.claims.refused.load(Ordering::Relaxed)
+        ));
+        out.push_str(&format!(
             "\"leases_taken\":{},\"lease_breaks\":{},\"leases_refused\":{},",
             self.leases.taken.load(Ordering::Relaxed),
             self.leases.breaks.load(Ordering::Relaxed),
@@ -564,11 +569,12 @@ impl Owner {
             };
             out.push_str(&format!(
                 "{{\"path\":{:?},\"signal\":{signal:?},\"size\":{},\"cached_pages\":{},\
-                 \"dirty_pages\":{},\"ranges\":[",
+                 \"dirty_pages\":{},\"device_read_bytes\":{},\"ranges\":[",
                 path,
                 file.size(),
                 stats.cached_pages,
                 stats.dirty_pages,
+                file.io_stats().bytes,
             ));
             for (j, range) in file.cached_ranges().iter().take(64).enumerate() {
                 if j > 0 {

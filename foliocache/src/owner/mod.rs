@@ -12,6 +12,7 @@
 //! `foliocache-owner NAME` starts itself again detached ([`main`]), takes the cache's lock,
 //! builds the cache, listens, and tells its starter it is ready.
 
+mod claims;
 mod control;
 mod leases;
 mod outside;
@@ -179,6 +180,8 @@ pub(crate) struct Owner {
     outside: Option<Arc<outside::Outside>>,
     /// The read leases on files no process holds writable (the exact signal).
     leases: leases::Leases,
+    /// The files this cache serves, claimed machine-wide.
+    claims: claims::Claims,
 }
 
 /// Takes the cache's lock. Held by another process, it is either a live owner (or one starting,
@@ -412,6 +415,7 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
             }
         },
         leases: leases::Leases::default(),
+        claims: claims::Claims::open(name),
     });
     {
         let owner = Arc::clone(&owner);
@@ -632,6 +636,14 @@ impl Owner {
                 self.retire_idle(8);
             }
         }
+        if !self.claims.claim(key) {
+            return Err(Error::OpenConflict {
+                path: path.to_owned(),
+                reason: "another cache serves this file (one file, one cache: it passes \
+                         through here)"
+                    .to_owned(),
+            });
+        }
         let options = crate::io::OpenOptions::new()
             .write(write)
             .max_order(max_order)
@@ -749,7 +761,12 @@ impl Owner {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+        let key = (
+            rec.dev.load(Ordering::Acquire),
+            rec.ino.load(Ordering::Acquire),
+        );
         records.release(record);
+        self.claims.release(key);
         if std::env::var_os("FOLIOCACHE_OWNER_DEBUG").is_some() {
             log(
                 &self.name,
