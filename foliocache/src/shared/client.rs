@@ -736,22 +736,27 @@ impl ClientFile {
                 fd,
             ));
         }
-        *self.fd.write().unwrap_or_else(PoisonError::into_inner) = Some(fd);
         self.write.store(write, Ordering::Release);
-        match self.open_with_owner().and_then(|answer| self.bind(&answer)) {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                let fd = self
-                    .fd
-                    .write()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .take();
-                match fd {
-                    Some(fd) => Err(refuse(error, fd)),
-                    None => unreachable!("the descriptor was attached just above"),
-                }
-            }
+        let opened = self
+            .attachment
+            .control(&self.open_message(), Some(fd.as_fd()))
+            .and_then(|(answer, _)| self.bind(&answer));
+        if let Err(error) = opened {
+            return Err(refuse(error, fd));
         }
+        let mut slot = self.fd.write().unwrap_or_else(PoisonError::into_inner);
+        if slot.is_some() {
+            // Another thread attached one meanwhile: this one comes back unused.
+            return Err(refuse(
+                Error::OpenConflict {
+                    path: self.path.clone(),
+                    reason: "a descriptor is attached already".to_owned(),
+                },
+                fd,
+            ));
+        }
+        *slot = Some(fd);
+        Ok(())
     }
 
     pub(crate) fn max_order(&self) -> u8 {
@@ -840,6 +845,11 @@ impl ClientFile {
         {
             return stat.st_size as u64;
         }
+        self.record_size()
+    }
+
+    /// The file's size in its record (the owner's).
+    fn record_size(&self) -> u64 {
         let (record, _) = self.ids();
         self.attachment.map.files()[record]
             .size
@@ -952,7 +962,8 @@ impl ClientFile {
         if self.passing_through() {
             return self.read_through(buf, pos);
         }
-        let size = self.size();
+        // (Served: the record's size, without asking `passing_through` again.)
+        let size = self.record_size();
         if buf.is_empty() || pos >= size {
             return Ok(0);
         }
