@@ -16,6 +16,7 @@ mod measure;
 mod memory;
 mod multiproc;
 mod output;
+mod pgbench;
 mod policies;
 mod readseq;
 mod reclaim;
@@ -57,10 +58,15 @@ pub(crate) enum Suite {
     /// budget, and Zipf hit ratios against a simulated LRU and Belady's optimum; RSS against
     /// the budget.
     Reclaim,
-    /// Seed 000 with the real program: RocksDB's db_bench readseq and readrandom, cold and
-    /// warm, through the kernel and through the preload library (needs rocksdb-tools and
-    /// `cargo build --release -p foliocache-preload`).
+    /// Seed 000 with the real program: RocksDB's db_bench readseq and readrandom, cold, warm
+    /// in a second process and warm within one, through the kernel and through the preload
+    /// library on a private and on a shared cache (needs rocksdb-tools).
     Dbbench,
+    /// PostgreSQL's pgbench (select-only and the default mix, scale 20, small shared_buffers)
+    /// through the kernel and through the preload library on a shared cache, with a cache
+    /// larger and smaller than the database and the same memory (a cgroup) on both sides
+    /// (needs Debian's postgresql).
+    Pgbench,
     /// The write path: sequential 1 MiB writes, random 4 KiB overwrites and 4 KiB appends with
     /// fdatasync, through foliocache, the kernel's page cache and straight to the device.
     Writeseq,
@@ -144,6 +150,13 @@ const SUITES: &[SuiteDef] = &[
         run: dbbench::run,
         summary: dbbench::summary,
         prerequisites: Some(|| dbbench::prerequisites().map(|_| ())),
+    },
+    SuiteDef {
+        suite: Suite::Pgbench,
+        name: "pgbench",
+        run: pgbench::run,
+        summary: pgbench::summary,
+        prerequisites: Some(|| pgbench::prerequisites().map(|_| ())),
     },
 ];
 
