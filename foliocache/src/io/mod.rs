@@ -20,6 +20,7 @@
 #[cfg(not(loom))]
 pub(crate) mod claim;
 mod direct;
+pub(crate) mod forks;
 #[cfg(not(loom))]
 pub(crate) mod lease;
 pub mod probe;

@@ -53,7 +53,8 @@ pub(crate) struct Attachment {
     /// The process that attached. A forked child has a copy of this attachment but not the
     /// parent's connection or thread slots: it must attach anew, and this one refuses it
     /// (and never releases the parent's slots from there).
-    pid: u32,
+    /// (The process is told by its fork generation, `io::forks`: no system call per read.)
+    forks: u64,
     paths: Paths,
     settings: [u64; SETTINGS_WORDS],
     owner_program: Option<PathBuf>,
@@ -123,7 +124,7 @@ impl Attachment {
             .collect::<Result<Box<[Index]>, Error>>()?;
         let attachment = Arc::new(Self {
             id: NEXT_ATTACHMENT.fetch_add(1, Ordering::Relaxed),
-            pid: std::process::id(),
+            forks: crate::io::forks::generation(),
             paths,
             settings,
             owner_program,
@@ -349,7 +350,7 @@ impl Attachment {
 
     /// Whether this process is the one that attached (not a forked child of it).
     fn in_attaching_process(&self) -> bool {
-        self.pid == std::process::id()
+        self.forks == crate::io::forks::generation()
     }
 
     /// Refuses a forked child's use of its parent's attachment.
