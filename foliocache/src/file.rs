@@ -882,7 +882,7 @@ pub struct SyncRange(u8);
 impl SyncRange {
     /// The flags from their bits (a shared cache's owner decoding a client's sync).
     pub(crate) fn from_bits(bits: u8) -> Self {
-        Self(bits & 7)
+        Self(bits & 15)
     }
 
     /// Wait for writeback in flight in the range before starting any.
@@ -894,6 +894,13 @@ impl SyncRange {
     /// All three: write the range back and wait (an integrity sync of the range, without the
     /// file system's own sync).
     pub const ALL: Self = Self(7);
+    /// With `WRITE`: write the range's dirty data into the kernel's page cache (a buffered
+    /// write of the same inode) instead of to storage, and wait for that. The kernel then has
+    /// the bytes as after a plain `write`: every reader of the file sees them, and they reach
+    /// storage by the kernel's writeback or an fsync of the file. What a write-through cache
+    /// needs to be seen by programs outside it, at a memory copy's cost rather than a device
+    /// write's.
+    pub const KERNEL: Self = Self(8);
 
     /// Whether every step of `other` is in `self`.
     pub fn contains(self, other: Self) -> bool {
@@ -921,6 +928,25 @@ impl Handle {
         let written = self.file.write_at(data, pos)?;
         if self.file.local().is_some() {
             self.write_behind(pos, written as u64);
+        }
+        Ok(written)
+    }
+
+    /// Writes `data` at `pos` as [`write_at`](Self::write_at) does, then hands the written
+    /// range to the kernel's page cache before returning ([`sync_range`](Self::sync_range)
+    /// with `SyncRange::ALL | SyncRange::KERNEL`): what a write-through cache needs, so that
+    /// programs reading the file without the cache see the bytes. On a shared cache both
+    /// steps are one request to its owner. An error of the second step is returned even
+    /// though the cache holds the bytes (they stay dirty for a later writeback when the
+    /// policy keeps failed writes dirty).
+    pub fn write_to_kernel_at(&mut self, data: &[u8], pos: u64) -> Result<usize, Error> {
+        #[cfg(not(loom))]
+        if let Repr::Client(client) = &self.file.repr {
+            return client.write_at_to(data, pos, true);
+        }
+        let written = self.file.write_at(data, pos)?;
+        if written > 0 {
+            self.sync_range(pos, written as u64, SyncRange::ALL | SyncRange::KERNEL)?;
         }
         Ok(written)
     }
@@ -1020,7 +1046,15 @@ impl Handle {
             wait();
         }
         if flags.contains(SyncRange::WRITE) && inode.writable().is_ok() {
-            if flags == SyncRange::ALL {
+            if flags.contains(SyncRange::KERNEL) {
+                crate::writeback::write_back_to(
+                    inode,
+                    first,
+                    last,
+                    crate::writeback::SyncMode::All,
+                    crate::writeback::Target::Kernel,
+                )?;
+            } else if flags == SyncRange::ALL {
                 crate::writeback::write_back(inode, first, last, crate::writeback::SyncMode::All)?;
             } else if flags.contains(SyncRange::WAIT_AFTER) {
                 crate::writeback::write_back(

@@ -236,6 +236,27 @@ pub(crate) fn write_back(
     last: u64,
     mode: SyncMode,
 ) -> Result<Outcome, Error> {
+    write_back_to(inode, first, last, mode, Target::Storage)
+}
+
+/// Where a writeback pass writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// Storage, through the file's own descriptor (O_DIRECT when it has it).
+    Storage,
+    /// The kernel's page cache (`DirectFile::submit_writes_to_kernel`): the folios are clean
+    /// once the kernel has their bytes, which reach storage by its writeback or an fsync.
+    Kernel,
+}
+
+/// [`write_back`] to `target`.
+pub(crate) fn write_back_to(
+    inode: &Arc<Inode>,
+    first: u64,
+    last: u64,
+    mode: SyncMode,
+    target: Target,
+) -> Result<Outcome, Error> {
     let Some(disk) = inode.disk() else {
         return Ok(Outcome::default());
     };
@@ -251,7 +272,7 @@ pub(crate) fn write_back(
         return Ok(Outcome::default());
     }
     // The writes change the file's times on storage: the cache's own change.
-    inode.own_change(|| pass(inode, disk, direct, first, last, mode))
+    inode.own_change(|| pass(inode, disk, direct, (first, last), mode, target))
 }
 
 /// [`write_back`]'s pass, under the pass lock.
@@ -259,9 +280,9 @@ fn pass(
     inode: &Arc<Inode>,
     disk: &crate::inode::DiskSource,
     direct: &crate::io::DirectFile,
-    first: u64,
-    last: u64,
+    (first, last): (u64, u64),
     mode: SyncMode,
+    target: Target,
 ) -> Result<Outcome, Error> {
     let mapping = &inode.mapping;
     let (mark, budget) = match mode {
@@ -326,7 +347,10 @@ fn pass(
         }
         flush(&mut run, &mut requests);
         // Not writable after all: the requests were dropped, which failed them.
-        direct.submit_writes(requests)?;
+        match target {
+            Target::Storage => direct.submit_writes(requests)?,
+            Target::Kernel => direct.submit_writes_to_kernel(requests)?,
+        }
         match next {
             Some(next) => from = next,
             None => break,

@@ -2,7 +2,8 @@
 //! page-sized, large), sequential streams (with write-behind), reads, truncation down and up, hole punching, syncs, drops, evictions
 //! under a tiny budget, and closing and reopening, on a real file through each I/O engine.
 //! Every read must match the model; after every sync and at the end, the file read without the
-//! cache (`std::fs`) must equal the model, size included.
+//! cache (`std::fs`) must equal the model, size included. Range syncs go to storage or, half of
+//! them, into the kernel's page cache (`SyncRange::KERNEL`).
 //!
 //! Duration: `FOLIOCACHE_STRESS_SECS` seconds per engine (default 2). The seed is printed: a
 //! failure names it, and `FOLIOCACHE_SEED=N` replays it.
@@ -192,9 +193,14 @@ fn run(kind: EngineKind, path: &Path, seed: u64) {
             _ => {
                 if model.len() > 4096 {
                     let pos = rng.below(model.len() as u64 - 4096);
-                    handle
-                        .sync_range(pos, 4096, foliocache::SyncRange::ALL)
-                        .unwrap();
+                    // To storage, or into the kernel's page cache (which the O_DIRECT
+                    // writes and reads after it must stay coherent with).
+                    let flags = if rng.below(2) == 0 {
+                        foliocache::SyncRange::ALL
+                    } else {
+                        foliocache::SyncRange::ALL | foliocache::SyncRange::KERNEL
+                    };
+                    handle.sync_range(pos, 4096, flags).unwrap();
                 }
             }
         }
@@ -240,4 +246,46 @@ fn random_operations_match_a_byte_model_on_storage() {
     ) {
         run(kind, &path, seed);
     }
+}
+
+/// `SyncRange::KERNEL`: the range's bytes are in the kernel's page cache when the call returns
+/// (a read without the cache sees them before any fsync), the cache's copy is clean, and the
+/// rest of the file's dirty data is left alone.
+#[test]
+fn a_kernel_sync_hands_the_range_to_the_kernels_page_cache() {
+    common::test_file("write-model-kernel", 4 << 20);
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("write-model-kernel");
+    let cache = Cache::builder().capacity(16 << 20).build().unwrap();
+    let (file, mut handle) = open(&cache, &path);
+    let before = std::fs::read(&path).unwrap();
+    let new = vec![0x5Au8; 3 * 4096];
+    handle.write_at(&new, 4096).unwrap();
+    handle.write_at(&new, 1 << 20).unwrap();
+    assert_eq!(cache.stats().dirty.dirty_pages, 6);
+    handle
+        .sync_range(
+            4096,
+            3 * 4096,
+            foliocache::SyncRange::ALL | foliocache::SyncRange::KERNEL,
+        )
+        .unwrap();
+    // The first range is the kernel's now; the second is still the cache's alone.
+    let seen = std::fs::read(&path).unwrap();
+    assert_eq!(&seen[4096..4 * 4096], &new[..], "the synced range");
+    assert_eq!(
+        &seen[1 << 20..(1 << 20) + 3 * 4096],
+        &before[1 << 20..(1 << 20) + 3 * 4096],
+        "a range not synced"
+    );
+    assert_eq!(
+        cache.stats().dirty.dirty_pages,
+        3,
+        "the synced range is clean"
+    );
+    handle.sync_all().unwrap();
+    assert_eq!(cache.stats().dirty.dirty_pages, 0);
+    drop(handle);
+    drop(file);
+    let seen = std::fs::read(&path).unwrap();
+    assert_eq!(&seen[1 << 20..(1 << 20) + 3 * 4096], &new[..]);
 }

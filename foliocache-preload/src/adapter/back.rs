@@ -54,7 +54,15 @@ impl Inode {
             let mut done = 0u64;
             for piece in pieces.iter().filter(|piece| !piece.is_empty()) {
                 let at = pos.saturating_add(done);
-                match handle.write_at(piece, at) {
+                // Shared cache, write-through: the kernel has the bytes before the call
+                // returns, as the program's own write would have put them there (one request
+                // to the owner for both).
+                let wrote = if self.through_sync {
+                    handle.write_to_kernel_at(piece, at)
+                } else {
+                    handle.write_at(piece, at)
+                };
+                match wrote {
                     Ok(n) => done += n as u64,
                     Err(error) => {
                         // Part of it may have gone in: the first byte not written says.
@@ -75,13 +83,6 @@ impl Inode {
                 stats::written_through(done);
             } else {
                 stats::written_to_cache(done);
-            }
-        }
-        if self.through_sync && done > 0 {
-            // Shared cache, write-through: the kernel has the bytes before the call returns
-            // (a handle of its own: the descriptions' handles keep their errors for fsync).
-            if let Err(error) = file.handle().sync_range(pos, done, SyncRange::ALL) {
-                return Some(Err(foliocache_capi::errno_of(&error)));
             }
         }
         Some(match (done, error) {

@@ -190,9 +190,16 @@ fn transfer(
         mailbox::put_ra(&mut reply, &handle.ra_state());
         done
     } else {
-        owner
-            .map
-            .with_folio_bytes(pfn, order, len, |bytes| handle.write_at(bytes, pos))
+        // `[pos, len, to_kernel]`: with `to_kernel`, the bytes are in the kernel's page cache
+        // too when the answer goes (a write-through client's one request per write).
+        let to_kernel = request[at::C] & 1 != 0;
+        owner.map.with_folio_bytes(pfn, order, len, |bytes| {
+            let n = handle.write_at(bytes, pos)?;
+            if to_kernel && n > 0 {
+                handle.sync_range(pos, n as u64, SyncRange::ALL | SyncRange::KERNEL)?;
+            }
+            Ok(n)
+        })
     };
     match done {
         None => Ok(bad_request()),

@@ -953,6 +953,41 @@ impl ClientFile {
         })
     }
 
+    /// Whether every page of `pos..end` is cached and up to date, with no readahead mark on
+    /// it (a mark asks for the next window), as one look at the index: a hint, which may be
+    /// stale as soon as it is answered.
+    fn all_cached(&self, pos: u64, end: u64) -> Result<bool, Error> {
+        if pos >= end {
+            return Ok(true);
+        }
+        let attachment = &self.attachment;
+        let slot = attachment.slot()?;
+        let t = &attachment.map.threads()[slot as usize];
+        let (record, _) = self.ids();
+        let index = &attachment.views[record];
+        let view = attachment.folio_view();
+        let pin = ExternalGuard::new(&t.pin, &attachment.map.live().epoch);
+        let mut cursor = index.cursor();
+        let last = (end - 1) >> PAGE_SHIFT;
+        let mut entry = cursor.load(pos >> PAGE_SHIFT);
+        let cached = loop {
+            let Some(Entry::Folio { id, .. }) = entry else {
+                break false;
+            };
+            match view.peek_begin(id) {
+                Some(peek) if peek.flags() & flag::READAHEAD == 0 => {}
+                _ => break false,
+            }
+            if cursor.first() + (1u64 << entry_order(entry)) > last {
+                break true;
+            }
+            entry = cursor.load_next();
+        };
+        drop(cursor);
+        drop(pin);
+        Ok(cached)
+    }
+
     /// Reads up to `buf.len()` bytes at `pos` with the handle's readahead state `ra`.
     pub(crate) fn read_at(
         &self,
@@ -1026,6 +1061,18 @@ impl ClientFile {
 
     /// Writes all of `data` at `pos` through the owner.
     pub(crate) fn write_at(&self, data: &[u8], pos: u64) -> Result<usize, Error> {
+        self.write_at_to(data, pos, false)
+    }
+
+    /// [`write_at`](Self::write_at), and with `to_kernel` each piece also handed to the
+    /// kernel's page cache by the owner before it answers (`SyncRange::KERNEL`), in the same
+    /// request.
+    pub(crate) fn write_at_to(
+        &self,
+        data: &[u8],
+        pos: u64,
+        to_kernel: bool,
+    ) -> Result<usize, Error> {
         if !self.is_writable() {
             return Err(Error::ReadOnly);
         }
@@ -1036,6 +1083,7 @@ impl ClientFile {
             let mut request = self.request(op::WRITE);
             request[at::A] = pos + done as u64;
             request[at::B] = n as u64;
+            request[at::C] = u64::from(to_kernel);
             let reply = self.call_with(&request, Some(&data[done..done + n]))?;
             let wrote = (reply[at::RESULT] as usize).min(n);
             done += wrote;
@@ -1061,9 +1109,15 @@ impl ClientFile {
         self.call(&request)
     }
 
-    /// Forced readahead of `offset..offset + len` with the handle's state.
+    /// Forced readahead of `offset..offset + len` with the handle's state. Nothing to ask the
+    /// owner when every page of the range is cached already (the kernel's `readahead(2)` also
+    /// does nothing then; a storage engine's iterator calls it for data it just read).
     pub(crate) fn readahead(&self, ra: &mut RaState, offset: u64, len: u64) -> Result<(), Error> {
         if self.passing_through() {
+            return Ok(());
+        }
+        let end = offset.saturating_add(len).min(self.record_size());
+        if self.all_cached(offset, end)? {
             return Ok(());
         }
         let mut request = self.request(op::READAHEAD);
