@@ -125,6 +125,8 @@ struct Setup {
     name: String,
     refcount: RefcountPolicy,
     engine: EngineKind,
+    /// The owner runs without fanotify (`FOLIOCACHE_NO_FANOTIFY`).
+    no_fanotify: bool,
 }
 
 impl Setup {
@@ -159,11 +161,12 @@ impl Setup {
             dir,
             refcount,
             engine,
+            no_fanotify: false,
         }
     }
 
     fn env(&self) -> Vec<(String, String)> {
-        vec![
+        let mut env = vec![
             (
                 "FOLIOCACHE_RUNTIME_DIR".into(),
                 self.dir.join("rt").display().to_string(),
@@ -172,7 +175,11 @@ impl Setup {
             ("FC_NAME".into(), self.name.clone()),
             ("FC_REFCOUNT".into(), format!("{:?}", self.refcount)),
             ("FC_ENGINE".into(), format!("{:?}", self.engine)),
-        ]
+        ];
+        if self.no_fanotify {
+            env.push(("FOLIOCACHE_NO_FANOTIFY".into(), "1".into()));
+        }
+        env
     }
 
     /// Starts a worker child running `role` in slot `slot`.
@@ -447,6 +454,10 @@ fn child_entry() -> bool {
         }
         Some("takeover") => {
             takeover_keeper();
+            true
+        }
+        Some("held") => {
+            held_writer();
             true
         }
         Some("forker") => {
@@ -963,7 +974,10 @@ fn an_outside_writer_is_seen_by_readers() {
     if child_entry() {
         return;
     }
-    let setup = Setup::new("outside", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let mut setup = Setup::new("outside", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    // The regime without an exact signal: an owner without fanotify (as one without
+    // CAP_SYS_ADMIN is; with it, `an_outside_open_waits_while_clients_hold_a_file_writable`).
+    setup.no_fanotify = true;
     let child = setup
         .spawn("an_outside_writer_is_seen_by_readers", "outside", 0, 1)
         .wait_with_output();
@@ -1435,4 +1449,157 @@ fn kill_owner_at(points: &[&str], test: &str) {
         setup.check_storage();
         println!("owner killed at {point}: recovered, storage matches");
     }
+}
+
+/// A client holds a file writable (no lease can be had) and a program outside the cache opens
+/// it: with `CAP_SYS_ADMIN` the owner holds the open (fanotify) until it has written the
+/// client's dirty pages back and stopped serving the file. The outside program reads the
+/// client's acknowledged write (never written back otherwise: write-back, no sync), the
+/// client's reads and writes go to storage while the outside description is open, and once
+/// it is closed the file is served from the cache again (`owner/held.rs`). Skipped where the
+/// owner has no fanotify (not root).
+#[test]
+fn an_outside_open_waits_while_clients_hold_a_file_writable() {
+    if child_entry() {
+        return;
+    }
+    let setup = Setup::new("held", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let out = setup
+        .spawn(
+            "an_outside_open_waits_while_clients_hold_a_file_writable",
+            "held",
+            0,
+            1,
+        )
+        .wait_with_output()
+        .unwrap();
+    assert!(out.status.success(), "the client failed: {}", out.status);
+}
+
+/// Runs `script` with `sh` outside the cache (no attachment), with `FILE` set to `path`; its
+/// standard output.
+fn outside(script: &str, path: &Path) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .env("FILE", path)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{script}: {}", out.status);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The child of `an_outside_open_waits_while_clients_hold_a_file_writable`.
+fn held_writer() {
+    let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
+    let name = std::env::var("FC_NAME").unwrap();
+    let cache = Cache::builder()
+        .capacity(32 << 20)
+        .io_engine(EngineKind::Threads)
+        .idle_timeout(Duration::from_secs(5))
+        .shared(name.clone())
+        .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+        .build()
+        .expect("attach");
+    let path = dir.join("data");
+    let file = cache
+        .open_with(&path, OpenOptions::new().write(true))
+        .expect("open");
+    let status = foliocache::cache_command(&name, CacheCommand::Status).unwrap();
+    if !status.contains("outside_opens_held") {
+        println!("skipped: the owner has no fanotify (CAP_SYS_ADMIN): {status}");
+        return;
+    }
+    wait_for_signal(&name, &path, "fanotify");
+    let mut handle = file.handle();
+    let page_of = |seq: u64, page: u64| -> Vec<u8> {
+        (0..PAGE / 8)
+            .flat_map(|_| word(seq, page).to_le_bytes())
+            .collect()
+    };
+    let mut page = vec![0u8; PAGE as usize];
+    // A write the cache holds dirty (nothing syncs it), and page 1 cached.
+    assert_eq!(handle.write_at(&page_of(5, 0), 0).unwrap(), PAGE as usize);
+    assert_eq!(handle.read_at(&mut page, PAGE).unwrap(), PAGE as usize);
+    check_words(&page, 1, 0, 0, "page 1 before");
+    for round in 1..=5u64 {
+        // An outside reader's open returns only once the cache's write is on storage.
+        let seen = outside("od -An -tu8 -N8 \"$FILE\"", &path);
+        let first: u64 = seen.trim().parse().unwrap_or(u64::MAX);
+        assert_eq!(
+            first,
+            word(4 + round, 0),
+            "round {round}: an outside open read {seen:?}, not the client's acknowledged write"
+        );
+        // An outside writer: the client's next read sees its bytes.
+        outside(
+            &format!(
+                "dd if=/dev/zero of=\"$FILE\" bs={PAGE} seek=1 count=1 conv=notrunc status=none"
+            ),
+            &path,
+        );
+        assert_eq!(handle.read_at(&mut page, PAGE).unwrap(), PAGE as usize);
+        assert!(
+            page.iter().all(|&b| b == 0),
+            "round {round}: a read after an outside write returned got old bytes"
+        );
+        // Served again once the outside description is closed.
+        wait_for_signal(&name, &path, "fanotify");
+        assert_eq!(
+            handle.write_at(&page_of(5 + round, 0), 0).unwrap(),
+            PAGE as usize
+        );
+    }
+    // While an outside description stays open, the client's writes go to storage.
+    let mut holder = Command::new("sh")
+        .arg("-c")
+        .arg("exec 3<\"$FILE\"; sleep 2")
+        .env("FILE", &path)
+        .spawn()
+        .unwrap();
+    wait_for_signal(&name, &path, "passing through");
+    assert_eq!(
+        handle.write_at(&page_of(9, 2), 2 * PAGE).unwrap(),
+        PAGE as usize
+    );
+    let on_storage = std::fs::read(&path).unwrap();
+    check_words(
+        &on_storage[(2 * PAGE) as usize..(3 * PAGE) as usize],
+        2,
+        9,
+        9,
+        "storage while passing through",
+    );
+    assert_eq!(handle.read_at(&mut page, 2 * PAGE).unwrap(), PAGE as usize);
+    check_words(&page, 2, 9, 9, "a read while passing through");
+    holder.wait().unwrap();
+    wait_for_signal(&name, &path, "fanotify");
+    assert_eq!(handle.read_at(&mut page, 2 * PAGE).unwrap(), PAGE as usize);
+    check_words(&page, 2, 9, 9, "a read once served again");
+    assert!(
+        file.cached_ranges()
+            .iter()
+            .any(|r| r.first <= 2 && 2 < r.first + r.pages),
+        "page 2 is not cached once the file is served again"
+    );
+    let status = foliocache::cache_command(&name, CacheCommand::Status).unwrap();
+    let held: u64 = status
+        .split("\"outside_opens_held\":")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let waited: u64 = status
+        .split("\"outside_opens_waited_ns\":")
+        .nth(1)
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    // Each round's first outside open found the file served, and so did the holder's.
+    assert!(held >= 6, "{held} outside opens held: {status}");
+    println!(
+        "{held} outside opens held, {:.2} ms each on average",
+        waited as f64 / held as f64 / 1e6
+    );
 }

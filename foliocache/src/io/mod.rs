@@ -20,6 +20,7 @@
 #[cfg(not(loom))]
 pub(crate) mod claim;
 mod direct;
+pub(crate) mod fanotify;
 pub(crate) mod forks;
 #[cfg(not(loom))]
 pub(crate) mod lease;

@@ -138,6 +138,9 @@ impl Owner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = None;
         self.write_clients_file();
+        drop(_attaching);
+        // Files it opened before it attached were held for it as for an outside opener.
+        self.held_attached(pid);
         Ok(slot as u32)
     }
 
@@ -494,15 +497,24 @@ impl Owner {
             stats.dirty.dirty_pages,
             stats.dirty.writeback_pages,
             super::shmem_huge_pages(),
-            match &self.outside {
-                Some(_) =>
+            match (&self.outside, &self.held) {
+                (Some(_), Some(_)) =>
                     "a read lease on each file no process holds writable (exact: an outside \
                             open for writing waits until the cache stops serving the file); \
-                            otherwise inotify (no exact signal: a change by a program outside \
-                            the cache drops the file's clean pages when its event arrives, after \
-                            the write returned; writes through mmap raise no event and are seen \
-                            at the next open)",
-                None =>
+                            on a file clients hold writable, fanotify permission events (exact: \
+                            any outside open waits until the cache stops serving the file, which \
+                            it serves again after the last outside close); inotify only for a \
+                            file that had a writer outside when a client opened it for writing \
+                            (a change by a program outside the cache drops the file's clean \
+                            pages when its event arrives, after the write returned)",
+                (Some(_), None) =>
+                    "a read lease on each file no process holds writable (exact: an outside \
+                            open for writing waits until the cache stops serving the file); \
+                            otherwise inotify (no exact signal, no fanotify without \
+                            CAP_SYS_ADMIN: a change by a program outside the cache drops the \
+                            file's clean pages when its event arrives, after the write returned; \
+                            writes through mmap raise no event and are seen at the next open)",
+                (None, _) =>
                     "revalidation on open only (no inotify): a reader may see old bytes \
                          until the next open after an outside write",
             }
@@ -523,6 +535,13 @@ impl Owner {
             self.leases.breaks.load(Ordering::Relaxed),
             self.leases.refused.load(Ordering::Relaxed)
         ));
+        if let Some(h) = &self.held {
+            out.push_str(&format!(
+                "\"outside_opens_held\":{},\"outside_opens_waited_ns\":{},",
+                h.opens_held.load(Ordering::Relaxed),
+                h.waited_ns.load(Ordering::Relaxed)
+            ));
+        }
         if let Some(o) = &self.outside {
             out.push_str(&format!(
                 "\"outside_events\":{},\"outside_changes\":{},\"outside_overflows\":{},",
@@ -564,6 +583,8 @@ impl Owner {
                 "passing through"
             } else if rec.signal.load(Ordering::Acquire) == super::leases::LEASE {
                 "lease"
+            } else if rec.signal.load(Ordering::Acquire) == super::held::HELD {
+                "fanotify"
             } else {
                 "inotify"
             };

@@ -62,7 +62,7 @@ impl Leases {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn turn(&self) -> std::sync::MutexGuard<'_, ()> {
+    pub(super) fn turn(&self) -> std::sync::MutexGuard<'_, ()> {
         self.turn.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -174,7 +174,16 @@ impl Owner {
     pub(super) fn serve_watched(&self, record: usize) {
         let _turn = self.leases.turn();
         let rec = &self.map.files()[record];
-        if rec.serving.load(Ordering::Acquire) & 1 == 1 && !self.leases.holds(record) {
+        // From the mark on every open waits for the owner (`held.rs`).
+        let held = self.mark_held(record);
+        rec.signal.store(
+            if held { super::held::HELD } else { WATCH },
+            Ordering::Release,
+        );
+        if rec.serving.load(Ordering::Acquire) & 1 == 1
+            && !self.leases.holds(record)
+            && !self.held_open_outside(record)
+        {
             if let Some(file) = self.served_file(record)
                 && let Err(e) = file.changed_outside()
             {
@@ -185,7 +194,6 @@ impl Owner {
             }
             rec.serving.fetch_add(1, Ordering::AcqRel);
         }
-        rec.signal.store(WATCH, Ordering::Release);
     }
 
     /// `record`'s file leaves the cache: its lease (if any) is given up, nothing else done.

@@ -14,6 +14,7 @@
 
 mod claims;
 mod control;
+mod held;
 mod leases;
 mod outside;
 mod serve;
@@ -180,6 +181,12 @@ pub(crate) struct Owner {
     outside: Option<Arc<outside::Outside>>,
     /// The read leases on files no process holds writable (the exact signal).
     leases: leases::Leases,
+    /// fanotify permission events for files clients hold writable (the exact signal there;
+    /// `None` without `CAP_SYS_ADMIN`).
+    held: Option<held::Held>,
+    /// Held shared by every client request that changes a file, exclusively while an outside
+    /// opener makes a file pass through (`held.rs`).
+    change_gate: std::sync::RwLock<()>,
     /// The files this cache serves, claimed machine-wide.
     claims: claims::Claims,
 }
@@ -383,6 +390,29 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         .rev()
         .find(|&o| (1usize << o) * 64 <= pages)
         .unwrap_or(0);
+    // FOLIOCACHE_NO_FANOTIFY=1 leaves the permission events out (to compare, or where they
+    // misbehave): files clients hold writable are then only watched.
+    let (held, held_events) = if std::env::var_os("FOLIOCACHE_NO_FANOTIFY").is_some() {
+        log(
+            name,
+            "outside writers: fanotify left out (FOLIOCACHE_NO_FANOTIFY)",
+        );
+        (None, None)
+    } else {
+        match held::Held::new() {
+            Ok((held, events)) => (Some(held), Some(events)),
+            Err(e) => {
+                log(
+                    name,
+                    &format!(
+                        "outside writers: no fanotify ({e}); files clients hold writable are \
+                         only watched"
+                    ),
+                );
+                (None, None)
+            }
+        }
+    };
     let owner = Arc::new(Owner {
         name: name.to_owned(),
         paths: paths.clone(),
@@ -415,8 +445,25 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
             }
         },
         leases: leases::Leases::default(),
+        held,
+        change_gate: std::sync::RwLock::new(()),
         claims: claims::Claims::open(name),
     });
+    if let Some(events) = held_events {
+        let reader = Arc::clone(&owner);
+        let worker = Arc::clone(&owner);
+        let spawned = std::thread::Builder::new()
+            .name("fc-fanotify".into())
+            .spawn(move || held::read(&reader))
+            .and_then(|_| {
+                std::thread::Builder::new()
+                    .name("fc-held".into())
+                    .spawn(move || held::work(&worker, &events))
+            });
+        if let Err(e) = spawned {
+            log(name, &format!("outside writers: no fanotify threads ({e})"));
+        }
+    }
     {
         let owner = Arc::clone(&owner);
         let spawned = std::thread::Builder::new()
@@ -743,6 +790,7 @@ impl Owner {
             return false;
         }
         self.forget_lease(record);
+        self.forget_held(record);
         if let Some(outside) = &self.outside {
             outside.forget(record);
         }

@@ -120,6 +120,17 @@ fn run(owner: &Owner, t: &ThreadSlot, request: &[u64; MAIL_WORDS]) -> [u64; MAIL
         Err(e @ Error::SharedMapping(_)) => return failed(&e, Some(error_kind::STALE_FILE)),
         Err(e) => return failed(&e, None),
     };
+    // A change runs under the gate, and not while the file passes through: the client makes
+    // it on storage (`held.rs`: an outside opener waits on the gate for the changes in flight).
+    let _gate = changes.then(|| {
+        owner
+            .change_gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    });
+    if changes && owner.map.files()[record].serving.load(Ordering::Acquire) & 1 == 1 {
+        return failed(&Error::ReadOnly, Some(error_kind::PASSING_THROUGH));
+    }
     let result = match request[at::OP] {
         op::READ | op::WRITE => transfer(owner, t, &file, request),
         op::SET_LEN => file.set_len(request[at::A]).map(|()| [0; MAIL_WORDS]),

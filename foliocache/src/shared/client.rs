@@ -784,7 +784,17 @@ impl ClientFile {
 
     /// A change with no data (set_len, fallocate, punch_hole).
     pub(crate) fn change(&self, op: u64, a: u64, b: u64) -> Result<(), Error> {
-        self.simple(op, a, b, 0).map(|_| ())
+        if self.passing_through() {
+            return self.change_through(op, a, b);
+        }
+        let mut request = self.request(op);
+        request[at::A] = a;
+        request[at::B] = b;
+        let reply = self.attachment.call_with(&request, None)?;
+        if refused_passing_through(&reply) {
+            return self.change_through(op, a, b);
+        }
+        check(&reply, a, b).map(|_| ())
     }
 
     fn ids(&self) -> (usize, u32) {
@@ -794,19 +804,69 @@ impl ClientFile {
         )
     }
 
-    /// Whether the owner has stopped serving the file: its read lease broke (another process
-    /// opens the file for writing, `docs/SHARED.md`, "Writers outside the cache"), so this
-    /// read-only handle reads storage through its own descriptor until the owner has a lease
-    /// again. A writable handle never passes through: the owner serves a file a client holds
-    /// writable (its reads must see the cache's dirty pages).
+    /// Whether the owner has stopped serving the file (`docs/SHARED.md`, "Writers outside the
+    /// cache"): its read lease broke (another process opens the file for writing), or an
+    /// outside process opened a file clients hold writable (`owner/held.rs`). This handle then
+    /// reads and changes storage through its own descriptor until the owner serves the file
+    /// again; before the switch the owner wrote the cache's dirty pages back, and from it on
+    /// it refuses changes ([`error_kind::PASSING_THROUGH`]).
     fn passing_through(&self) -> bool {
         let (record, _) = self.ids();
-        !self.is_writable()
-            && self.attachment.map.files()[record]
-                .serving
-                .load(Ordering::Acquire)
-                & 1
-                == 1
+        self.attachment.map.files()[record]
+            .serving
+            .load(Ordering::Acquire)
+            & 1
+            == 1
+    }
+
+    /// Writes all of `data` at `pos` to storage through this process's descriptor.
+    fn write_through(&self, data: &[u8], pos: u64) -> Result<usize, Error> {
+        let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(fd) = fd.as_ref() else {
+            return Err(Error::Detached);
+        };
+        let mut done = 0;
+        while done < data.len() {
+            let at_byte = pos + done as u64;
+            match rustix::io::pwrite(fd, &data[done..], at_byte) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => {
+                    return Err(Error::Io {
+                        offset: at_byte,
+                        len: (data.len() - done) as u64,
+                        source: e.into(),
+                    });
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// A size or allocation change made on storage through this process's descriptor.
+    fn change_through(&self, op: u64, a: u64, b: u64) -> Result<(), Error> {
+        use rustix::fs::FallocateFlags;
+        let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
+        let Some(fd) = fd.as_ref() else {
+            return Err(Error::Detached);
+        };
+        let result = match op {
+            op::SET_LEN => rustix::fs::ftruncate(fd, a),
+            op::FALLOCATE => rustix::fs::fallocate(fd, FallocateFlags::empty(), a, b),
+            op::PUNCH_HOLE => rustix::fs::fallocate(
+                fd,
+                FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                a,
+                b,
+            ),
+            _ => return Err(Error::ReadOnly),
+        };
+        result.map_err(|e| Error::Io {
+            offset: a,
+            len: b,
+            source: e.into(),
+        })
     }
 
     /// Reads `buf.len()` bytes at `pos` from storage, through this process's descriptor.
@@ -1078,13 +1138,22 @@ impl ClientFile {
         }
         let mut done = 0;
         while done < data.len() {
+            if self.passing_through() {
+                return Ok(done + self.write_through(&data[done..], pos + done as u64)?);
+            }
             let (_, _, room) = self.attachment.staging()?;
             let n = (data.len() - done).min(room);
             let mut request = self.request(op::WRITE);
             request[at::A] = pos + done as u64;
             request[at::B] = n as u64;
             request[at::C] = u64::from(to_kernel);
-            let reply = self.call_with(&request, Some(&data[done..done + n]))?;
+            let reply = self
+                .attachment
+                .call_with(&request, Some(&data[done..done + n]))?;
+            if refused_passing_through(&reply) {
+                continue; // the owner stopped serving the file meanwhile
+            }
+            let reply = check(&reply, request[at::A], request[at::B])?;
             let wrote = (reply[at::RESULT] as usize).min(n);
             done += wrote;
             if wrote < n {
@@ -1092,21 +1161,6 @@ impl ClientFile {
             }
         }
         Ok(done)
-    }
-
-    /// A request with up to three arguments and no data.
-    pub(crate) fn simple(
-        &self,
-        op: u64,
-        a: u64,
-        b: u64,
-        c: u64,
-    ) -> Result<[u64; MAIL_WORDS], Error> {
-        let mut request = self.request(op);
-        request[at::A] = a;
-        request[at::B] = b;
-        request[at::C] = c;
-        self.call(&request)
     }
 
     /// Forced readahead of `offset..offset + len` with the handle's state. Nothing to ask the
@@ -1186,6 +1240,25 @@ impl Drop for ClientFile {
             );
         }
     }
+}
+
+/// Whether the owner refused a change because the file passes through now.
+fn refused_passing_through(reply: &[u64; MAIL_WORDS]) -> bool {
+    (reply[at::RESULT] as i64) < 0 && reply[at::ERROR_KIND] == mailbox::error_kind::PASSING_THROUGH
+}
+
+/// An answer, or its error (for the request's `offset` and `len`).
+fn check(reply: &[u64; MAIL_WORDS], offset: u64, len: u64) -> Result<[u64; MAIL_WORDS], Error> {
+    let result = reply[at::RESULT] as i64;
+    if result < 0 {
+        return Err(mailbox::decode_error(
+            (-result) as i32,
+            reply[at::ERROR_KIND],
+            offset,
+            len,
+        ));
+    }
+    Ok(*reply)
 }
 
 fn entry_order(entry: Option<Entry>) -> u8 {

@@ -115,6 +115,8 @@ pub(crate) mod error_kind {
     pub(crate) const STALE_FILE: u64 = 6;
     pub(crate) const TOO_LARGE: u64 = 7;
     pub(crate) const OTHER: u64 = 8;
+    /// A change refused: the file passes through (the client makes it on storage itself).
+    pub(crate) const PASSING_THROUGH: u64 = 9;
 }
 
 /// An error's (errno, kind) for the answer.

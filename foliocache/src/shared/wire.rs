@@ -20,7 +20,7 @@ use std::path::Path;
 pub(crate) const MAX_MESSAGE: usize = 256 << 10;
 
 /// The protocol's version (a client and an owner of different versions refuse each other).
-pub(crate) const PROTOCOL: u64 = 1;
+pub(crate) const PROTOCOL: u64 = 2;
 
 /// Message kinds.
 pub(crate) mod kind {
