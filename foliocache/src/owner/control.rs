@@ -581,9 +581,9 @@ impl Owner {
             let rec = &self.map.files()[*record];
             let signal = if rec.serving.load(Ordering::Acquire) & 1 == 1 {
                 "passing through"
-            } else if rec.signal.load(Ordering::Acquire) == super::leases::LEASE {
+            } else if rec.signal.load(Ordering::Acquire) == super::signal::LEASE {
                 "lease"
-            } else if rec.signal.load(Ordering::Acquire) == super::held::HELD {
+            } else if rec.signal.load(Ordering::Acquire) == super::signal::HELD {
                 "fanotify"
             } else {
                 "inotify"

@@ -8,7 +8,7 @@
 //! (once), then looks through `/proc` for a process outside the cache holding it open for
 //! writing (a descriptor, or a shared writable mapping): every open after the mark waits for
 //! the owner, so if none is found the file is exact from then on, and its record shows
-//! [`HELD`]; if one is found it is only watched. An open is either a member's (the owner's,
+//! `HELD`; if one is found it is only watched. An open is either a member's (the owner's,
 //! or an attached process's: allowed at once) or an outside one. An outside open of a marked
 //! file:
 //!
@@ -40,8 +40,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-/// `FileRecord::signal`: outside opens wait for the owner (fanotify permission events).
-pub(crate) const HELD: u32 = 2;
+use super::signal::LEASE;
 
 /// The owner's fanotify group and what it holds.
 pub(super) struct Held {
@@ -246,7 +245,7 @@ impl Owner {
         // Counted whatever the file's state: a client may hold it writable a moment later,
         // and the file must not be served while this description is open.
         held.outside().entry(record).or_default().push(pid);
-        if rec.signal.load(Ordering::Acquire) == super::leases::LEASE
+        if rec.signal.load(Ordering::Acquire) == LEASE
             || rec.serving.load(Ordering::Acquire) & 1 == 1
         {
             return; // the lease sees a writer's open itself; or passing through already
@@ -321,7 +320,7 @@ impl Owner {
     /// Serves a held file that passed through again. Under `turn`.
     fn serve_again(&self, record: usize) {
         let rec = &self.map.files()[record];
-        if rec.signal.load(Ordering::Acquire) == super::leases::LEASE
+        if rec.signal.load(Ordering::Acquire) == LEASE
             || rec.serving.load(Ordering::Acquire) & 1 == 0
         {
             return; // served already (a lease may have been had meanwhile)

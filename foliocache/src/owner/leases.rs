@@ -3,7 +3,7 @@
 //!
 //! While no process holds a file open for writing (clients and owner included), the owner
 //! holds a read lease on a descriptor of its own. A file is in one of three states, which its
-//! record shows (`serving`: even serves, odd passes through; `signal`: [`LEASE`], [`WATCH`]):
+//! record shows (`serving`: even serves, odd passes through; `signal`: `LEASE`, `WATCH`):
 //!
 //! * **leased**: served from the cache; an open for writing anywhere is held by the kernel
 //!   until the owner has stopped serving the file;
@@ -36,10 +36,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// `FileRecord::signal`: writers outside are seen through inotify and revalidation.
-pub(crate) const WATCH: u32 = 0;
-/// `FileRecord::signal`: the owner holds a read lease (exact).
-pub(crate) const LEASE: u32 = 1;
+use super::signal::{HELD, LEASE, WATCH};
 
 /// The owner's leases.
 #[derive(Default)]
@@ -176,10 +173,8 @@ impl Owner {
         let rec = &self.map.files()[record];
         // From the mark on every open waits for the owner (`held.rs`).
         let held = self.mark_held(record);
-        rec.signal.store(
-            if held { super::held::HELD } else { WATCH },
-            Ordering::Release,
-        );
+        rec.signal
+            .store(if held { HELD } else { WATCH }, Ordering::Release);
         if rec.serving.load(Ordering::Acquire) & 1 == 1
             && !self.leases.holds(record)
             && !self.held_open_outside(record)

@@ -15,6 +15,16 @@
 mod claims;
 mod control;
 mod held;
+
+/// `FileRecord::signal`: how writers outside the cache are seen for a file.
+pub(crate) mod signal {
+    /// Through inotify and revalidation (no exact signal).
+    pub(crate) const WATCH: u32 = 0;
+    /// The owner holds a read lease (exact: `leases.rs`).
+    pub(crate) const LEASE: u32 = 1;
+    /// Outside opens wait for the owner (exact: fanotify permission events, `held.rs`).
+    pub(crate) const HELD: u32 = 2;
+}
 mod leases;
 mod outside;
 mod serve;
@@ -343,7 +353,7 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
                 if rec.serving.load(Ordering::Acquire) & 1 == 1 {
                     rec.serving.fetch_add(1, Ordering::AcqRel);
                 }
-                rec.signal.store(leases::WATCH, Ordering::Release);
+                rec.signal.store(signal::WATCH, Ordering::Release);
             }
             (map, Some(free))
         }
