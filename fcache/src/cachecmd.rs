@@ -81,6 +81,20 @@ fn print_status(json: &str) -> Result<(), serde_json::Error> {
         "  writers outside the cache: {}",
         v["outside_writers"].as_str().unwrap_or("?")
     );
+    if v.get("outside_opens_held").is_some() {
+        let held = pages("outside_opens_held");
+        println!(
+            "    fanotify: {held} outside opens held until the cache stopped serving their file{}",
+            if held > 0 {
+                format!(
+                    " ({:.2} ms each on average)",
+                    pages("outside_opens_waited_ns") as f64 / held as f64 / 1e6
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     if v.get("outside_events").is_some() {
         println!(
             "    {} events, {} changes by other programs found, {} queue overflows",
