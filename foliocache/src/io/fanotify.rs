@@ -104,10 +104,9 @@ impl Group {
                 unsafe { std::ptr::read_unaligned(buf.as_ptr().add(at).cast()) };
             let len = meta.event_len as usize;
             if meta.vers != libc::FANOTIFY_METADATA_VERSION || len < header || at + len > n {
-                return Err(io::Error::other(format!(
-                    "fanotify: an event this program does not read (version {}, length {len})",
-                    meta.vers
-                )));
+                // Not a record this program reads: the events before it are still answered
+                // (an error here would leave their openers waiting).
+                break;
             }
             let file = (meta.fd >= 0).then(|| {
                 // SAFETY: the kernel opened this descriptor for the group's reader; it is

@@ -351,15 +351,21 @@ impl Owner {
 /// The reader thread: answers members' opens at once and hands the rest to the worker.
 pub(super) fn read(owner: &Arc<Owner>) {
     let Some(held) = owner.held() else { return };
+    let mut failures = 0u64;
     loop {
         let events = match held.group.read() {
             Ok(events) => events,
             Err(e) => {
-                log(
-                    &owner.name,
-                    &format!("outside writers: fanotify failed: {e}"),
-                );
-                return;
+                // Never give up: an open of a marked file waits for this thread's answer.
+                if failures == 0 {
+                    log(
+                        &owner.name,
+                        &format!("outside writers: fanotify failed: {e}"),
+                    );
+                }
+                failures += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
             }
         };
         for event in events {
