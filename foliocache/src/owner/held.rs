@@ -121,19 +121,14 @@ impl Owner {
         if let Some(&exact) = held.exact().get(&record) {
             return exact;
         }
+        let Some((fd, path)) = self.open_record(record) else {
+            return false;
+        };
         let rec = &self.map.files()[record];
-        let Some(path) = rec.path() else { return false };
         let key = (
             rec.dev.load(Ordering::Acquire),
             rec.ino.load(Ordering::Acquire),
         );
-        let Ok(fd) = std::fs::File::open(&path).map(OwnedFd::from) else {
-            return false;
-        };
-        match rustix::fs::fstat(&fd) {
-            Ok(st) if (st.st_dev, st.st_ino) == key => {}
-            _ => return false, // the path names another file now
-        }
         if let Err(e) = held.group.mark(fd.as_fd()) {
             log(
                 &self.name,

@@ -83,18 +83,9 @@ impl Owner {
             return;
         };
         let rec = &self.map.files()[record];
-        let Some(path) = rec.path() else { return };
-        let key = (
-            rec.dev.load(Ordering::Acquire),
-            rec.ino.load(Ordering::Acquire),
-        );
-        let Ok(fd) = std::fs::File::open(&path).map(OwnedFd::from) else {
+        let Some((fd, path)) = self.open_record(record) else {
             return;
         };
-        match rustix::fs::fstat(&fd) {
-            Ok(st) if (st.st_dev, st.st_ino) == key => {}
-            _ => return, // the path names another file now
-        }
         match lease::take_read(fd.as_fd()) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return,
@@ -126,6 +117,22 @@ impl Owner {
         }
         rec.signal.store(LEASE, Ordering::Release);
         leases.held().insert(record, fd);
+    }
+
+    /// A read-only descriptor of `record`'s file, opened by its path and checked to be the
+    /// same inode (`None`: no path, or the path names another file now), and the path.
+    pub(super) fn open_record(&self, record: usize) -> Option<(OwnedFd, std::path::PathBuf)> {
+        let rec = &self.map.files()[record];
+        let path = rec.path()?;
+        let key = (
+            rec.dev.load(Ordering::Acquire),
+            rec.ino.load(Ordering::Acquire),
+        );
+        let fd = std::fs::File::open(&path).map(OwnedFd::from).ok()?;
+        match rustix::fs::fstat(&fd) {
+            Ok(st) if (st.st_dev, st.st_ino) == key => Some((fd, path)),
+            _ => None,
+        }
     }
 
     /// The lease on descriptor `fd` is being broken: stop serving its file, then give it up.

@@ -938,16 +938,7 @@ impl ClientFile {
         payload: Option<&[u8]>,
     ) -> Result<[u64; MAIL_WORDS], Error> {
         let reply = self.attachment.call_with(request, payload)?;
-        let result = reply[at::RESULT] as i64;
-        if result < 0 {
-            return Err(mailbox::decode_error(
-                (-result) as i32,
-                reply[at::ERROR_KIND],
-                request[at::A],
-                request[at::B],
-            ));
-        }
-        Ok(reply)
+        check(&reply, request[at::A], request[at::B])
     }
 
     /// Copies what the cache holds of `pos..pos + dst.len()` into `dst`, from `pos` on, until
