@@ -224,6 +224,14 @@ pub enum Error {
         /// Dirty pages and pages under writeback.
         pages: u64,
     },
+    /// A read that must not wait ([`Handle::read_at_nowait`](crate::Handle::read_at_nowait))
+    /// reached a folio whose read is not done: the bytes before `offset` were copied, the
+    /// reads that folio needs are started. Wait for them and read again.
+    #[error("the read would wait for storage at offset {offset}")]
+    WouldBlock {
+        /// The first byte not copied.
+        offset: u64,
+    },
     /// A shared cache's mapping is not one this build can use (another layout version, a bad
     /// or corrupted header, a truncated or unsealed memfd) or holds a value out of bounds.
     #[error("shared cache mapping refused: {0}")]

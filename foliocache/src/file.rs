@@ -1115,6 +1115,41 @@ impl Handle {
         Ok(n)
     }
 
+    /// [`read_at`](Self::read_at) that never waits for storage (the kernel's `IOCB_NOWAIT`
+    /// with `IOCB_WAITQ`, how io_uring reads through the page cache): copies what is cached
+    /// and, at the first folio that is not, starts the reads a blocking read would start
+    /// (readahead included) and returns [`Error::WouldBlock`], whose `offset` is the first
+    /// byte not copied (the bytes of `buf` before `offset - pos` were filled). The caller
+    /// waits for the backend to complete a request, then reads again; an async read is built
+    /// this way. `retry_failed`: whether a folio whose last read failed is read again (the
+    /// first try of a read), or its failure returned as [`Error::Io`] (a try after the caller
+    /// waited: the read it waited for failed).
+    ///
+    /// Only for a file read from storage in a private cache; a memory file never waits, so
+    /// this is `read_at` for it.
+    pub fn read_at_nowait(
+        &mut self,
+        buf: &mut [u8],
+        pos: u64,
+        retry_failed: bool,
+    ) -> Result<usize, Error> {
+        let inner = match &self.file.repr {
+            Repr::Local { inner, .. } => inner,
+            #[cfg(not(loom))]
+            Repr::Client(_) => return Err(unsupported("a read that does not wait")),
+        };
+        if inner.disk().is_some() {
+            return read::read_disk_waiting(
+                inner,
+                &mut self.ra,
+                buf,
+                pos,
+                read::Wait::No { retry_failed },
+            );
+        }
+        self.read_at(buf, pos)
+    }
+
     /// This handle's readahead state (a copy).
     pub fn ra_state(&self) -> RaState {
         self.ra

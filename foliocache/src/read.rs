@@ -341,7 +341,33 @@ pub(crate) fn read_disk(
     buf: &mut [u8],
     pos: u64,
 ) -> Result<usize, Error> {
-    walk_disk(file, ra, pos, buf.len(), |folio, from, n, done| {
+    read_disk_waiting(file, ra, buf, pos, Wait::Block)
+}
+
+/// How a read of a backed file treats a folio whose read is not done (see
+/// [`Handle::read_at_nowait`](crate::Handle::read_at_nowait)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wait {
+    /// Wait for the read in flight, or read the folio in this thread (`read_at`).
+    Block,
+    /// Never wait: start the reads a blocking read would start, then stop with
+    /// [`Error::WouldBlock`]. A folio whose last read failed is read again when
+    /// `retry_failed`, else its failure is the error (the caller waited for that read).
+    No {
+        /// Whether a failed folio is read again (else reported).
+        retry_failed: bool,
+    },
+}
+
+/// [`read_disk`] with a choice of waiting.
+pub(crate) fn read_disk_waiting(
+    file: &Arc<Inode>,
+    ra: &mut RaState,
+    buf: &mut [u8],
+    pos: u64,
+    wait: Wait,
+) -> Result<usize, Error> {
+    walk_disk(file, ra, pos, buf.len(), wait, |folio, from, n, done| {
         if let Some(bytes) = folio.bytes() {
             buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
         }
@@ -357,7 +383,7 @@ pub(crate) fn read_folios_disk<'f>(
     len: usize,
 ) -> Result<ReadRun<'f>, Error> {
     let mut run = ReadRun::default();
-    walk_disk(file, ra, pos, len, |folio, start, len, _| {
+    walk_disk(file, ra, pos, len, Wait::Block, |folio, start, len, _| {
         run.len += len;
         run.slices.push(Slice::Folio { folio, start, len });
     })?;
@@ -376,6 +402,7 @@ fn walk_disk<'f>(
     ra: &mut RaState,
     pos: u64,
     len: usize,
+    wait: Wait,
     mut take: impl FnMut(FolioRef<'f>, usize, usize, usize),
 ) -> Result<usize, Error> {
     let size = file.mapping.size();
@@ -391,7 +418,7 @@ fn walk_disk<'f>(
     // do not make every folio look hot).
     let last_byte = u64::try_from(ra.prev_pos - 1).ok();
     while at < end {
-        if let Err(error) = get_pages(file, ra, at >> PAGE_SHIFT, last, &mut batch) {
+        if let Err(error) = get_pages(file, ra, at >> PAGE_SHIFT, last, wait, &mut batch) {
             ra.prev_pos = at as i64;
             return Err(match error {
                 Error::Io { len, source, .. } => Error::Io {
@@ -399,6 +426,7 @@ fn walk_disk<'f>(
                     len,
                     source,
                 },
+                Error::WouldBlock { .. } => Error::WouldBlock { offset: at },
                 other => other,
             });
         }
@@ -429,6 +457,7 @@ fn get_pages<'f>(
     ra: &mut RaState,
     index: u64,
     last: u64,
+    wait: Wait,
     batch: &mut FolioBatch<'f>,
 ) -> Result<(), Error> {
     let mapping = &file.mapping;
@@ -443,6 +472,10 @@ fn get_pages<'f>(
             if batch.is_empty() {
                 // Readahead read nothing here (disabled, out of memory, or raced): read this
                 // one page ourselves.
+                if let Wait::No { .. } = wait {
+                    create_folio_nowait(file, index)?;
+                    continue;
+                }
                 match create_folio(file, index)? {
                     Some(folio) => batch.push(folio),
                     None => continue,
@@ -465,7 +498,11 @@ fn get_pages<'f>(
             batch.pop();
             return Ok(());
         }
-        match update_page(file, ra, tail)? {
+        let ready = match wait {
+            Wait::Block => update_page(file, ra, tail)?,
+            Wait::No { retry_failed } => update_page_nowait(file, tail, retry_failed)?,
+        };
+        match ready {
             true => return Ok(()),
             false => batch.clear(),
         }
@@ -522,6 +559,75 @@ fn read_locked_folio(file: &Inode, ra: &mut RaState, locked: LockedFolio<'_>) ->
         offset,
         len: folio.len() as u64,
         source: disk.io.last_error(),
+    })
+}
+
+/// [`update_page`] that never waits: a read in flight is [`Error::WouldBlock`]; a folio no
+/// read is filling is submitted to the backend (not read in this thread) and is
+/// `WouldBlock` too, unless its last read failed and `retry_failed` is false: then the
+/// failure is the error (the caller waited for that read and must not start it again
+/// forever; a later read tries the device again, as after any failed read).
+fn update_page_nowait(
+    file: &Inode,
+    folio: &FolioRef<'_>,
+    retry_failed: bool,
+) -> Result<bool, Error> {
+    let mapping = &file.mapping;
+    let offset = folio.index() << PAGE_SHIFT;
+    let Some(locked) = folio.try_lock() else {
+        return Err(Error::WouldBlock { offset });
+    };
+    if folio.mapping_id() != mapping.id() {
+        return Ok(false);
+    }
+    if folio.is_uptodate() {
+        return Ok(true);
+    }
+    let disk = file.disk().ok_or(Error::NotADiskFile)?;
+    if folio.test(flag::ERROR) && !retry_failed {
+        return Err(Error::Io {
+            offset,
+            len: folio.len() as u64,
+            source: disk.io.last_error(),
+        });
+    }
+    submit_locked_folio(file, locked);
+    Err(Error::WouldBlock { offset })
+}
+
+/// Starts the read of one locked folio that is in the file, without waiting for it.
+fn submit_locked_folio(file: &Inode, locked: LockedFolio<'_>) {
+    let Some(disk) = file.disk() else { return };
+    disk.ra.read_folio.inc();
+    let folio = locked.folio().clone();
+    folio.clear(flag::ERROR);
+    let offset = folio.index() << PAGE_SHIFT;
+    disk.backend.submit(vec![ReadRequest::new(
+        Arc::clone(&file.core.mem),
+        Arc::clone(&disk.io),
+        vec![locked],
+        offset,
+        file.read_limit(),
+    )]);
+}
+
+/// [`create_folio`] that never waits: inserts one page at `index` (if no other reader did)
+/// and starts its read; returns [`Error::WouldBlock`] for the caller to wait, or `Ok` when
+/// another reader's folio is there now (look it up again).
+fn create_folio_nowait(file: &Arc<Inode>, index: u64) -> Result<(), Error> {
+    let folio = file.core.alloc_for_readahead(0)?;
+    let (locked, shadow) = match file.mapping.add_folio(folio, index) {
+        Ok(added) => added,
+        Err(Error::Exists { .. }) => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    let cache = &file.core;
+    cache
+        .reclaim
+        .add_inserted(&cache.mem, &[(locked.folio().id(), shadow)]);
+    submit_locked_folio(file, locked);
+    Err(Error::WouldBlock {
+        offset: index << PAGE_SHIFT,
     })
 }
 

@@ -97,6 +97,8 @@ pub struct FileStamp {
     pub mtime_ns: i128,
     /// Last status change (also moved by writes and truncation), nanoseconds since the epoch.
     pub ctime_ns: i128,
+    /// A version the backend names (an object's ETag, hashed), 0 for a file on a file system.
+    pub version: u128,
 }
 
 impl FileStamp {
@@ -111,7 +113,21 @@ impl FileStamp {
             size: stat.st_size as u64,
             mtime_ns: ns(stat.st_mtime as i64, stat.st_mtime_nsec as i64),
             ctime_ns: ns(stat.st_ctime as i64, stat.st_ctime_nsec as i64),
+            version: 0,
         })
+    }
+
+    /// The stamp of a source that names its versions (an object store: `size` and the
+    /// object's version or ETag, hashed into `version`); identity and times are zero.
+    pub fn versioned(size: u64, version: u128) -> Self {
+        Self {
+            dev: 0,
+            ino: 0,
+            size,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            version,
+        }
     }
 }
 
