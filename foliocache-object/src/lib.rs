@@ -20,6 +20,8 @@
 //! at the network's rate in `docs/OBJECT.md`.
 
 pub mod backend;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 mod file;
 mod runtime;
 mod store;

@@ -44,7 +44,7 @@ fn large_and_odd_sized_objects_read_byte_for_byte_sequentially_and_at_random() {
     for (i, &size) in sizes.iter().enumerate() {
         let key = format!("odd/{size}");
         let bytes = pattern(i as u64 + 1, size);
-        c.put(&store, &key, bytes.clone());
+        common::put(&store, &key, bytes.clone());
         let file = cache
             .open_object_in(Arc::clone(&store), &Path::from(key.as_str()), &options())
             .unwrap();
@@ -93,7 +93,7 @@ fn concurrent_readers_get_the_right_bytes_and_share_each_get() {
     let c = cluster();
     let store = c.store("concurrent");
     let bytes = Arc::new(pattern(7, 24 * MIB + 4321));
-    c.put(&store, "shared", bytes.to_vec());
+    common::put(&store, "shared", bytes.to_vec());
     let cache = cache(256 << 20);
     // The oracle: what one reader of the whole object sends.
     let alone = cache
@@ -153,7 +153,7 @@ fn a_second_pass_is_served_from_memory_and_random_reads_fetch_about_what_they_re
     let c = cluster();
     let store = c.store("passes");
     let bytes = pattern(11, 16 * MIB);
-    c.put(&store, "obj", bytes.clone());
+    common::put(&store, "obj", bytes.clone());
     let cache = cache(256 << 20);
     let file = cache
         .open_object_in(Arc::clone(&store), &Path::from("obj"), &options())
@@ -201,7 +201,7 @@ fn async_reads_from_a_tokio_runtime_get_the_right_bytes() {
     let c = cluster();
     let store = c.store("async");
     let bytes = Arc::new(pattern(13, 9 * MIB + 17));
-    c.put(&store, "obj", bytes.to_vec());
+    common::put(&store, "obj", bytes.to_vec());
     let cache = cache(128 << 20);
     let file = cache
         .open_object_in(Arc::clone(&store), &Path::from("obj"), &options())
@@ -252,7 +252,7 @@ fn a_rewritten_object_is_seen_after_revalidation_and_no_read_mixes_versions() {
         out
     };
     let versions: Vec<Vec<u8>> = (0..=12).map(version).collect();
-    c.put(&store, "obj", versions[1].clone());
+    common::put(&store, "obj", versions[1].clone());
     // A cache smaller than the object and small windows: pages are evicted and fetched again
     // all the time, so GETs keep meeting the object as it changes.
     let cache = cache(6 << 20);
@@ -294,7 +294,7 @@ fn a_rewritten_object_is_seen_after_revalidation_and_no_read_mixes_versions() {
         }
         for next in &versions[2..] {
             std::thread::sleep(std::time::Duration::from_millis(60));
-            c.put(&store, "obj", next.clone());
+            common::put(&store, "obj", next.clone());
         }
         std::thread::sleep(std::time::Duration::from_millis(60));
         done.store(true, std::sync::atomic::Ordering::Release);
@@ -318,7 +318,7 @@ fn an_object_file_is_refused_by_a_shared_cache() {
     }
     let c = cluster();
     let store = c.store("refused");
-    c.put(&store, "obj", vec![1; 10]);
+    common::put(&store, "obj", vec![1; 10]);
     let name = format!("object-test-{}", std::process::id());
     let shared = match foliocache::Cache::builder()
         .capacity(16 << 20)
@@ -376,7 +376,7 @@ fn the_parquet_reader_reads_columns_through_the_cached_store_as_it_does_directly
     let mut writer = ArrowWriter::try_new(&mut bytes, batch.schema(), Some(props)).unwrap();
     writer.write(&batch).unwrap();
     writer.close().unwrap();
-    c.put(&store, "table.parquet", bytes);
+    common::put(&store, "table.parquet", bytes);
 
     let cached: Arc<dyn ObjectStore> = Arc::new(CachedStore::new(
         Arc::clone(&store),
@@ -384,7 +384,7 @@ fn the_parquet_reader_reads_columns_through_the_cached_store_as_it_does_directly
         options(),
     ));
     let read = |store: Arc<dyn ObjectStore>, columns: Vec<usize>| {
-        c.block_on(async move {
+        common::block_on(async move {
             let reader = ParquetObjectReader::new(store, Path::from("table.parquet"));
             let builder = ParquetRecordBatchStreamBuilder::new(reader).await.unwrap();
             assert!(builder.metadata().num_row_groups() >= 6);

@@ -79,7 +79,11 @@ fn a_miss_starts_the_reads_and_says_would_block_then_the_bytes_come() {
     held.complete_all(true);
     let n = handle.read_at_nowait(&mut buf, 5000, false).unwrap();
     assert_eq!(n, buf.len());
-    assert!(buf.iter().enumerate().all(|(i, &b)| b == byte_at(5000 + i as u64)));
+    assert!(
+        buf.iter()
+            .enumerate()
+            .all(|(i, &b)| b == byte_at(5000 + i as u64))
+    );
 }
 
 #[test]
@@ -98,7 +102,10 @@ fn a_failed_read_waited_for_is_reported_and_a_new_try_starts_it_again() {
         handle.read_at_nowait(&mut buf, 0, false),
         Err(Error::Io { offset: 0, .. })
     ));
-    assert!(held.pending.lock().unwrap().is_empty(), "a failed read was started again");
+    assert!(
+        held.pending.lock().unwrap().is_empty(),
+        "a failed read was started again"
+    );
     // A new read tries the device again.
     assert!(matches!(
         handle.read_at_nowait(&mut buf, 0, true),
@@ -122,6 +129,11 @@ fn cached_bytes_before_a_miss_are_copied_and_the_offset_says_where_it_stopped() 
         Err(Error::WouldBlock { offset }) => assert_eq!(offset, 4096),
         other => panic!("expected WouldBlock at 4096, got {other:?}"),
     }
-    assert!(two[..4096].iter().enumerate().all(|(i, &b)| b == byte_at(i as u64)));
+    assert!(
+        two[..4096]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == byte_at(i as u64))
+    );
     held.complete_all(true);
 }
