@@ -1,8 +1,10 @@
 //! `fcache`: foliocache's command-line tool. `fcache bench` runs the benchmark suites; `fcache
-//! replay` shows readahead on a trace; `fcache ra-diff` compares it with the running kernel's.
+//! replay` shows readahead on a trace; `fcache ra-diff` compares it with the running kernel's;
+//! `fcache cat` reads a file or an object through a cache.
 
 mod bench;
 mod cachecmd;
+mod cat;
 mod radiff;
 mod replay;
 mod run;
@@ -35,6 +37,9 @@ enum Command {
     /// Run a command with the preload library: it reads the files under --paths through a
     /// private foliocache (`fcache run --paths DIR -- sqlite3 DIR/db.sqlite`).
     Run(run::RunArgs),
+    /// Print a file or an object (`s3://bucket/key`) read through a fresh cache; what it cost
+    /// (time, GETs, bytes fetched per byte read) goes to standard error.
+    Cat(cat::CatArgs),
     /// A shared cache (`Cache::builder().shared(NAME)`): `status`, `drop`, `sync`, `destroy`.
     Cache(cachecmd::CacheArgs),
     /// One process of `fcache bench multiproc` (started by the suite, not by hand).
@@ -50,6 +55,7 @@ fn main() -> ExitCode {
         Command::RaDiff(args) => radiff::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Cache(args) => cachecmd::run(&args),
+        Command::Cat(args) => cat::run(&args),
         Command::MultiprocWorker(args) => bench::multiproc_worker(&args),
     };
     match result {

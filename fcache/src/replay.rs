@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 #[derive(Debug, Args)]
 pub(crate) struct ReplayArgs {
-    /// The file to read (on a disk file system: it is read with O_DIRECT).
+    /// The file to read (on a disk file system: it is read with O_DIRECT), or an object
+    /// `s3://bucket/key` (the store from the environment, as `fcache cat` says).
     file: PathBuf,
     /// The trace: one `offset length` read per line (decimal or 0x hex; `#` starts a comment),
     /// or `read`/`willneed`/`dontneed offset length` (see `fcache/traces/README.md`). `-` or
@@ -43,9 +44,27 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
     let options = OpenOptions::new()
         .max_order(args.max_order)
         .buffered_fallback(args.buffered);
-    let file = cache
-        .open_with(&args.file, options)
-        .map_err(|e| e.to_string())?;
+    let name = args.file.to_string_lossy();
+    let object = if foliocache_object::ObjectUrl::is_object_url(&name) {
+        use foliocache_object::ObjectCache as _;
+        let options = foliocache_object::ObjectOptions {
+            readahead_bytes: args.ra_kb << 10,
+            ..foliocache_object::ObjectOptions::default()
+        };
+        Some(
+            cache
+                .open_object_with(&name, &options)
+                .map_err(|e| e.to_string())?,
+        )
+    } else {
+        None
+    };
+    let file = match &object {
+        Some(object) => object.file().clone(),
+        None => cache
+            .open_with(&args.file, options)
+            .map_err(|e| e.to_string())?,
+    };
     let reader: Box<dyn BufRead> = match &args.trace {
         None => Box::new(std::io::stdin().lock()),
         Some(path) if path.as_os_str() == "-" => Box::new(std::io::stdin().lock()),
@@ -97,6 +116,7 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
         let ranges = file.cached_ranges();
         let ra = handle.ra_state();
         let io = file.io_stats();
+        let gets = object.as_ref().map(|o| o.backend().stats());
         let line = if args.json {
             json!({
                 "op": op.to_string(),
@@ -108,6 +128,8 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
                        "order": ra.order, "max_pages": ra.ra_pages},
                 "io_requests": io.requests,
                 "io_bytes": io.bytes,
+                "gets": gets.map(|g| g.gets),
+                "bytes_fetched": gets.map(|g| g.bytes_fetched),
                 "cached": ranges.iter().map(range_json).collect::<Vec<_>>(),
             })
             .to_string()
@@ -116,8 +138,11 @@ pub(crate) fn run(args: &ReplayArgs) -> Result<(), String> {
                 Ok(n) => format!("{n} bytes"),
                 Err(e) => format!("error: {e}"),
             };
+            let gets = gets.map_or(String::new(), |g| {
+                format!(" ({} GETs, {} KiB fetched)", g.gets, g.bytes_fetched >> 10)
+            });
             format!(
-                "{} -> {read} | window [{}, {}) async {} order {} | io {} reqs {} KiB | cached {}",
+                "{} -> {read} | window [{}, {}) async {} order {} | io {} reqs {} KiB{gets} | cached {}",
                 op,
                 ra.start,
                 ra.start + ra.size,

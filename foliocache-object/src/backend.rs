@@ -13,7 +13,7 @@
 //! range are checked again. A GET of an object that changed fails with `ESTALE` and never
 //! returns bytes of another version, so pages of two versions never meet in the cache. The
 //! file's owner ([`ObjectFile`](crate::ObjectFile)) then revalidates: drops every page and
-//! pins the new version ([`ObjectBackend::adopt_last_head`]), bumping the generation that
+//! pins the new version (`adopt_last_head`), bumping the generation that
 //! reads compare to tell that the version changed under them.
 //!
 //! **Failures.** `object_store`'s client retries timeouts, 5xx answers and connection resets
@@ -41,10 +41,10 @@ use tokio::sync::{Notify, Semaphore};
 /// (`docs/OBJECT.md` has the model).
 #[derive(Debug, Clone)]
 pub struct ObjectOptions {
-    /// The largest readahead window of an object file's handles (default 16 MiB).
+    /// The largest readahead window of an object file's handles (default 32 MiB).
     pub readahead_bytes: u64,
     /// The largest single GET: a window's adjacent requests are merged up to this many bytes
-    /// (default 4 MiB, so a full window is four GETs in flight).
+    /// (default 4 MiB, so a full window is eight GETs in flight).
     pub get_bytes: u64,
     /// GETs in flight at once, for all the files opened from one store (default 32).
     pub gets_in_flight: usize,
@@ -64,7 +64,7 @@ pub struct ObjectOptions {
 impl Default for ObjectOptions {
     fn default() -> Self {
         Self {
-            readahead_bytes: 16 << 20,
+            readahead_bytes: 32 << 20,
             get_bytes: 4 << 20,
             gets_in_flight: 32,
             deadline: Duration::from_secs(30),
@@ -394,18 +394,38 @@ struct Fetch {
     completions: Arc<Notify>,
 }
 
-/// Where a run's body is copied: the requests in order, each with its bytes so far.
+/// Where a run's body is copied: the requests in order, each with its bytes so far. A
+/// request is completed as soon as its last byte arrived, so a reader waiting for the first
+/// folios of a window does not wait for the whole GET.
 struct Fill {
-    requests: Vec<(ReadRequest, usize)>,
+    /// (the request while not completed, its offset, its length, bytes filled)
+    requests: Vec<(Option<ReadRequest>, u64, usize, usize)>,
     /// The request being filled.
     at: usize,
+    completions: Arc<Notify>,
 }
 
 impl Fill {
+    fn new(requests: Vec<ReadRequest>, completions: Arc<Notify>) -> Self {
+        Self {
+            requests: requests
+                .into_iter()
+                .map(|r| (r.offset(), r.len(), Some(r)))
+                .map(|(offset, len, r)| (r, offset, len, 0))
+                .collect(),
+            at: 0,
+            completions,
+        }
+    }
+
     /// Copies `bytes` into the requests from where the last copy stopped.
     fn take(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() && self.at < self.requests.len() {
-            let (request, filled) = &mut self.requests[self.at];
+            let (slot, _, len, filled) = &mut self.requests[self.at];
+            let Some(request) = slot.as_mut() else {
+                self.at += 1;
+                continue;
+            };
             let mut skip = *filled;
             for (_, target) in request.targets() {
                 if skip >= target.len() {
@@ -421,7 +441,11 @@ impl Fill {
                     break;
                 }
             }
-            if *filled == request.len() {
+            if *filled == *len {
+                if let Some(request) = slot.take() {
+                    request.complete(Ok(*len));
+                    self.completions.notify_waiters();
+                }
                 self.at += 1;
             }
         }
@@ -429,13 +453,13 @@ impl Fill {
 
     /// Bytes received so far.
     fn received(&self) -> u64 {
-        self.requests.iter().map(|(_, n)| *n as u64).sum()
+        self.requests.iter().map(|r| r.3 as u64).sum()
     }
 
-    /// Ends every request: a full one with its bytes; the rest with `Ok(bytes)` when the
-    /// object ends in them (the core zeroes the tail), else with `error`.
-    /// The errno reaches the reader (the core records a failed read's errno, which is how
-    /// `ESTALE` tells the reader to revalidate); the message goes to `last_error`.
+    /// Ends every request not completed yet: with `Ok(bytes)` when the object ends in it
+    /// (the core zeroes the tail), else with `error`. The errno reaches the reader (the core
+    /// records a failed read's errno, which is how `ESTALE` tells the reader to revalidate);
+    /// the message goes to `last_error`.
     fn finish(
         self,
         end_of_object: u64,
@@ -445,9 +469,10 @@ impl Fill {
         if let Some(error) = &error {
             *lock(last_error) = Some(error.to_string());
         }
-        for (request, filled) in self.requests {
-            let complete = filled == request.len()
-                || request.offset() + filled as u64 >= end_of_object && error.is_none();
+        for (slot, offset, len, filled) in self.requests {
+            let Some(request) = slot else { continue };
+            let complete =
+                filled == len || offset + filled as u64 >= end_of_object && error.is_none();
             if complete {
                 request.complete(Ok(filled));
             } else {
@@ -455,17 +480,15 @@ impl Fill {
                 request.complete(Err(io::Error::from_raw_os_error(errno)));
             }
         }
+        self.completions.notify_waiters();
     }
 }
 
 impl Fetch {
     async fn run(self, requests: Vec<ReadRequest>) {
         let start = requests.first().map_or(0, ReadRequest::offset);
-        let mut fill = Fill {
-            requests: requests.into_iter().map(|r| (r, 0)).collect(),
-            at: 0,
-        };
-        let wanted: u64 = fill.requests.iter().map(|(r, _)| r.len() as u64).sum();
+        let mut fill = Fill::new(requests, Arc::clone(&self.completions));
+        let wanted: u64 = fill.requests.iter().map(|r| r.2 as u64).sum();
         // Past the end of the pinned version nothing is asked for: the core zeroes it.
         let end = (start + wanted).min(self.version.size);
         let error = if start < end {
@@ -496,7 +519,6 @@ impl Fetch {
             }
         }
         fill.finish(self.version.size, error, &self.counters.last_error);
-        self.completions.notify_waiters();
     }
 
     /// GETs `start..end` into `fill`, fetching again from where a broken body stopped.

@@ -290,6 +290,11 @@ impl Cluster {
         })
     }
 
+    /// The S3 gateway's port on 127.0.0.1.
+    pub fn gateway_port(&self) -> u16 {
+        self.gateway.0
+    }
+
     /// The S3 endpoint.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.gateway.0)

@@ -68,6 +68,18 @@ impl CpuTicks {
         Some(Self { used, total, own })
     }
 
+    /// Since `self`: (this process's ticks, other processes' ticks, all ticks of all CPUs).
+    pub(crate) fn shares_since(&self) -> Option<(u64, u64, u64)> {
+        let now = Self::now()?;
+        let used = now.used.saturating_sub(self.used);
+        let own = now.own.saturating_sub(self.own);
+        Some((
+            own,
+            used.saturating_sub(own),
+            now.total.saturating_sub(self.total).max(1),
+        ))
+    }
+
     /// What other processes used since `self`: (their ticks, all ticks of all CPUs).
     pub(crate) fn others_since(&self) -> Option<(u64, u64)> {
         let now = Self::now()?;

