@@ -171,6 +171,9 @@ pub struct ObjectBackend {
     generation: AtomicU64,
     /// What the last HEAD saw (revalidation's `stamp`), until it is pinned.
     last_head: Mutex<Version>,
+    /// Set by `open`, whose HEAD the cache's first `stamp` (when it opens the file) takes
+    /// instead of sending another.
+    fresh: std::sync::atomic::AtomicBool,
     counters: Arc<Counters>,
     /// Woken whenever a request completes: async readers wait on it.
     pub(crate) completions: Arc<Notify>,
@@ -249,6 +252,7 @@ impl ObjectBackend {
             pinned: Mutex::new(version.clone()),
             generation: AtomicU64::new(0),
             last_head: Mutex::new(version),
+            fresh: std::sync::atomic::AtomicBool::new(true),
             counters,
             completions: Arc::new(Notify::new()),
         })
@@ -350,6 +354,9 @@ impl Backend for ObjectBackend {
     }
 
     fn stamp(&self) -> io::Result<Option<FileStamp>> {
+        if self.fresh.swap(false, Ordering::AcqRel) {
+            return Ok(Some(lock(&self.last_head).stamp()));
+        }
         let counters = Arc::clone(&self.counters);
         let link = Arc::clone(&self.link);
         let path = self.path.clone();
