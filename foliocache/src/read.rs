@@ -23,7 +23,7 @@
 //! the folio's reference.
 
 use crate::error::Error;
-use crate::inode::Inode;
+use crate::inode::{DiskSource, Inode};
 use crate::io::ReadRequest;
 use crate::mapping::{BatchEnd, FolioBatch, Mapping, OPTIMISTIC_MAX, Optimistic};
 use crate::mem::{FolioRef, LockedFolio, PAGE_SHIFT, PAGE_SIZE, flag};
@@ -539,17 +539,10 @@ pub(crate) fn update_page(
 /// shrinks 4× (a failing device should not be hammered with large reads).
 fn read_locked_folio(file: &Inode, ra: &mut RaState, locked: LockedFolio<'_>) -> Result<(), Error> {
     let disk = file.disk().ok_or(Error::NotADiskFile)?;
-    disk.ra.read_folio.inc();
     let folio = locked.folio().clone();
-    folio.clear(flag::ERROR);
     let offset = folio.index() << PAGE_SHIFT;
-    disk.backend.read_now(vec![ReadRequest::new(
-        Arc::clone(&file.core.mem),
-        Arc::clone(&disk.io),
-        vec![locked],
-        offset,
-        file.read_limit(),
-    )]);
+    disk.backend
+        .read_now(vec![folio_request(file, disk, locked)]);
     folio.wait_unlocked();
     if folio.is_uptodate() {
         return Ok(());
@@ -598,17 +591,23 @@ fn update_page_nowait(
 /// Starts the read of one locked folio that is in the file, without waiting for it.
 fn submit_locked_folio(file: &Inode, locked: LockedFolio<'_>) {
     let Some(disk) = file.disk() else { return };
+    disk.backend.submit(vec![folio_request(file, disk, locked)]);
+}
+
+/// The request that reads one locked folio of the file (`read_folio`), counted, with the
+/// folio's last failure cleared.
+fn folio_request(file: &Inode, disk: &DiskSource, locked: LockedFolio<'_>) -> ReadRequest {
     disk.ra.read_folio.inc();
-    let folio = locked.folio().clone();
+    let folio = locked.folio();
     folio.clear(flag::ERROR);
     let offset = folio.index() << PAGE_SHIFT;
-    disk.backend.submit(vec![ReadRequest::new(
+    ReadRequest::new(
         Arc::clone(&file.core.mem),
         Arc::clone(&disk.io),
         vec![locked],
         offset,
         file.read_limit(),
-    )]);
+    )
 }
 
 /// [`create_folio`] that never waits: inserts one page at `index` (if no other reader did)
