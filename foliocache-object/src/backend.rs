@@ -129,6 +129,22 @@ pub struct ObjectStats {
     pub heads: u64,
 }
 
+impl std::ops::Add for ObjectStats {
+    type Output = Self;
+
+    /// Field-wise sums (counters of several files).
+    fn add(self, b: Self) -> Self {
+        Self {
+            gets: self.gets + b.gets,
+            bytes_fetched: self.bytes_fetched + b.bytes_fetched,
+            failed_gets: self.failed_gets + b.failed_gets,
+            body_retries: self.body_retries + b.body_retries,
+            stale: self.stale + b.stale,
+            heads: self.heads + b.heads,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counters {
     gets: AtomicU64,

@@ -82,7 +82,7 @@ fn free_ports(n: usize) -> Vec<u16> {
 }
 
 /// A plain HTTP request on the loopback address: the status code and the body.
-pub fn http(port: u16, method: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
+fn http(port: u16, method: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
@@ -363,42 +363,30 @@ impl Cluster {
     }
 
     /// Creates `bucket` (if new).
-    pub fn bucket(&self, bucket: &str) {
-        let (code, body) = http(self.gateway.0, "PUT", &format!("/{bucket}")).unwrap();
-        assert!(
-            code == 200 || code == 409,
+    pub fn bucket(&self, bucket: &str) -> Result<(), String> {
+        let (code, body) = http(self.gateway.0, "PUT", &format!("/{bucket}"))
+            .map_err(|e| format!("creating bucket {bucket}: {e}"))?;
+        if code == 200 || code == 409 {
+            return Ok(());
+        }
+        Err(format!(
             "creating bucket {bucket}: HTTP {code} {}",
             String::from_utf8_lossy(&body)
-        );
+        ))
     }
 
     /// A plain `object_store` client of `bucket` (no cache), unsigned, over HTTP.
-    pub fn store(&self, bucket: &str) -> Arc<dyn ObjectStore> {
-        self.bucket(bucket);
-        Arc::new(
-            AmazonS3Builder::new()
-                .with_endpoint(self.endpoint())
-                .with_bucket_name(bucket)
-                .with_region("us-east-1")
-                .with_allow_http(true)
-                .with_skip_signature(true)
-                .build()
-                .unwrap(),
-        )
-    }
-
-    /// The environment `object_store` reads to reach this cluster (for `fcache`).
-    pub fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT", self.endpoint()),
-            ("AWS_ALLOW_HTTP", "true".into()),
-            ("AWS_REGION", "us-east-1".into()),
-        ]
-    }
-
-    /// The directory with the processes' logs.
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    pub fn store(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>, String> {
+        self.bucket(bucket)?;
+        let store = AmazonS3Builder::new()
+            .with_endpoint(self.endpoint())
+            .with_bucket_name(bucket)
+            .with_region("us-east-1")
+            .with_allow_http(true)
+            .with_skip_signature(true)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Arc::new(store))
     }
 }
 

@@ -90,15 +90,7 @@ impl CachedStore {
         files
             .values()
             .fold(ObjectStats::default(), |sum, (file, _)| {
-                let s = file.backend().stats();
-                ObjectStats {
-                    gets: sum.gets + s.gets,
-                    bytes_fetched: sum.bytes_fetched + s.bytes_fetched,
-                    failed_gets: sum.failed_gets + s.failed_gets,
-                    body_retries: sum.body_retries + s.body_retries,
-                    stale: sum.stale + s.stale,
-                    heads: sum.heads + s.heads,
-                }
+                sum + file.backend().stats()
             })
     }
 

@@ -38,7 +38,7 @@ fn large_and_odd_sized_objects_read_byte_for_byte_sequentially_and_at_random() {
         return;
     }
     let c = cluster();
-    let store = c.store("reads");
+    let store = c.store("reads").unwrap();
     let sizes = [0, 1, 4095, 4096, 4097, 65_537, MIB + 123, 40 * MIB + 7];
     let cache = cache(256 << 20);
     for (i, &size) in sizes.iter().enumerate() {
@@ -91,7 +91,7 @@ fn concurrent_readers_get_the_right_bytes_and_share_each_get() {
         return;
     }
     let c = cluster();
-    let store = c.store("concurrent");
+    let store = c.store("concurrent").unwrap();
     let bytes = Arc::new(pattern(7, 24 * MIB + 4321));
     common::put(&store, "shared", bytes.to_vec());
     let cache = cache(256 << 20);
@@ -151,7 +151,7 @@ fn a_second_pass_is_served_from_memory_and_random_reads_fetch_about_what_they_re
         return;
     }
     let c = cluster();
-    let store = c.store("passes");
+    let store = c.store("passes").unwrap();
     let bytes = pattern(11, 16 * MIB);
     common::put(&store, "obj", bytes.clone());
     let cache = cache(256 << 20);
@@ -199,7 +199,7 @@ fn async_reads_from_a_tokio_runtime_get_the_right_bytes() {
         return;
     }
     let c = cluster();
-    let store = c.store("async");
+    let store = c.store("async").unwrap();
     let bytes = Arc::new(pattern(13, 9 * MIB + 17));
     common::put(&store, "obj", bytes.to_vec());
     let cache = cache(128 << 20);
@@ -240,7 +240,7 @@ fn a_rewritten_object_is_seen_after_revalidation_and_no_read_mixes_versions() {
         return;
     }
     let c = cluster();
-    let store = c.store("rewrite");
+    let store = c.store("rewrite").unwrap();
     // Version v: every 4 KiB page starts with v (as a u64), so a read can tell which
     // versions its pages came from.
     let size = 16 * MIB;
@@ -317,7 +317,7 @@ fn an_object_file_is_refused_by_a_shared_cache() {
         return;
     }
     let c = cluster();
-    let store = c.store("refused");
+    let store = c.store("refused").unwrap();
     common::put(&store, "obj", vec![1; 10]);
     let name = format!("object-test-{}", std::process::id());
     let shared = match foliocache::Cache::builder()
@@ -357,7 +357,7 @@ fn the_parquet_reader_reads_columns_through_the_cached_store_as_it_does_directly
     use parquet::file::properties::WriterProperties;
 
     let c = cluster();
-    let store = c.store("parquet");
+    let store = c.store("parquet").unwrap();
     // A file of several row groups and three columns.
     let rows = 200_000i64;
     let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows));

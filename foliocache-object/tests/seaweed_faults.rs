@@ -35,7 +35,7 @@ fn a_volume_server_killed_during_a_scan_never_gives_wrong_bytes() {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let c = cluster();
-    let store = c.store("volumes");
+    let store = c.store("volumes").unwrap();
     let bytes = pattern(21, 48 * MIB + 99);
     common::put(&store, "scan", bytes.clone());
     let cache = cache(256 << 20);
@@ -93,7 +93,7 @@ fn the_gateway_stopped_and_started_during_reads_errors_by_the_deadline_then_serv
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let c = cluster();
-    let store = c.store("gateway");
+    let store = c.store("gateway").unwrap();
     let bytes = Arc::new(pattern(23, 12 * MIB));
     common::put(&store, "obj", bytes.to_vec());
     let cache = cache(128 << 20);

@@ -531,7 +531,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     bar.set_prefix("object");
     bar.set_message("starting SeaweedFS, uploading");
     let cluster = Cluster::start()?;
-    cluster.bucket("bench");
+    cluster.bucket("bench")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
