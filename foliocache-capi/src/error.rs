@@ -68,7 +68,7 @@ pub fn errno_of(error: &foliocache::Error) -> i32 {
         | E::Io { source, .. }
         | E::Engine(source)
         | E::Writeback { source } => os(source),
-        E::NoDirectIo { .. } | E::NotADiskFile => libc::EOPNOTSUPP,
+        E::NoDirectIo { .. } | E::NotADiskFile | E::NotOffered { .. } => libc::EOPNOTSUPP,
         E::ReadOnly => libc::EROFS,
         E::FaultOutOfRange { .. } => libc::EFAULT,
         E::Detached => libc::EBADF,

@@ -758,6 +758,7 @@ impl Local {
                 policy,
                 Arc::clone(&direct) as Arc<dyn Backend>,
                 Some(direct),
+                None,
                 shared,
                 wb,
             )
@@ -857,6 +858,7 @@ impl Local {
                 policy,
                 Arc::clone(&direct) as Arc<dyn Backend>,
                 Some(Arc::clone(&direct)),
+                None,
                 true,
                 wb,
             )
@@ -883,6 +885,7 @@ impl Local {
     pub(crate) fn open_backend(
         &self,
         backend: Arc<dyn Backend>,
+        writer: Option<Arc<dyn crate::io::WriteBackend>>,
         max_order: Option<u8>,
     ) -> Result<File, Error> {
         let max_order = self.checked_order(max_order)?;
@@ -898,6 +901,7 @@ impl Local {
             self.inner.policy,
             backend,
             None,
+            writer,
             false,
             crate::wbstate::WbState::default(),
         )?;
@@ -1180,7 +1184,28 @@ impl Cache {
         max_order: Option<u8>,
     ) -> Result<File, Error> {
         match &self.repr {
-            Repr::Local(local) => local.open_backend(backend, max_order),
+            Repr::Local(local) => local.open_backend(backend, None, max_order),
+            #[cfg(not(loom))]
+            Repr::Client(_) => Err(unsupported("a custom backend")),
+        }
+    }
+
+    /// Opens a file whose bytes come from `backend` and that can be written: writes go into
+    /// the cache as dirty folios, and each writeback (a sync, the flusher, the last holder of
+    /// the file letting go) commits the whole file to the backend at once
+    /// ([`WriteBackend::commit`](crate::WriteBackend::commit)). Write-behind of sequential
+    /// writers is off for such a file (each pass is a whole commit). Hole punching and
+    /// `fallocate` are [`Error::Unsupported`]. Not offered by a shared cache.
+    pub fn open_writable_backend(
+        &self,
+        backend: Arc<dyn crate::io::WriteBackend>,
+        max_order: Option<u8>,
+    ) -> Result<File, Error> {
+        match &self.repr {
+            Repr::Local(local) => {
+                let reader: Arc<dyn Backend> = Arc::clone(&backend) as Arc<dyn Backend>;
+                local.open_backend(reader, Some(backend), max_order)
+            }
             #[cfg(not(loom))]
             Repr::Client(_) => Err(unsupported("a custom backend")),
         }

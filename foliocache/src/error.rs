@@ -244,6 +244,14 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// The operation is not offered for a file whose backend takes changes as whole-file
+    /// commits ([`WriteBackend`](crate::WriteBackend)): hole punching, `fallocate`, writing
+    /// to the kernel's page cache.
+    #[error("{what} is not offered for a file whose backend takes whole-file commits")]
+    NotOffered {
+        /// The operation.
+        what: &'static str,
+    },
     /// The operation is not offered by this kind of cache (a shared cache's clients have no
     /// zero-copy reads, memory files or internals; objects are not served shared yet).
     #[error("{what} is not available in a {mode} cache")]

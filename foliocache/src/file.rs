@@ -959,7 +959,9 @@ impl Handle {
             return;
         };
         let trigger = inode.core.dirty.write_behind();
-        if trigger == 0 || inode.disk().is_none() || len == 0 {
+        // A file of whole-file commits is not written behind: each pass is a whole commit.
+        let commits = inode.disk().is_some_and(|disk| disk.writer.is_some());
+        if trigger == 0 || inode.disk().is_none() || commits || len == 0 {
             return;
         }
         if pos != self.stream.next {
@@ -1006,12 +1008,15 @@ impl Handle {
         let Some(disk) = inode.disk() else {
             return Ok(());
         };
-        let Some(direct) = &disk.direct else {
+        if disk.direct.is_none() && disk.writer.is_none() {
             return Ok(());
-        };
+        }
         if inode.writable().is_ok() {
+            // A whole-file commit is durable when it returns: there is no fsync after it.
             inode.write_back_all()?;
-            if let Err(error) = direct.sync(data_only) {
+            if let Some(direct) = &disk.direct
+                && let Err(error) = direct.sync(data_only)
+            {
                 disk.wb
                     .errors
                     .set(error.raw_os_error().unwrap_or(libc::EIO));

@@ -5,7 +5,7 @@
 
 use crate::core::CacheCore;
 use crate::error::Error;
-use crate::io::{Backend, DirectFile, FileStamp, IoCounters};
+use crate::io::{Backend, DirectFile, FileStamp, IoCounters, WriteBackend};
 use crate::mapping::Mapping;
 use crate::mem::flag;
 use crate::policy::Policy;
@@ -43,6 +43,9 @@ pub(crate) struct DiskSource {
     shared: bool,
     /// The file's direct-I/O backend, for writes (`None` for a custom backend: read only).
     pub(crate) direct: Option<Arc<DirectFile>>,
+    /// A custom backend that takes writes as whole-file commits (the same backend as
+    /// `backend`), or `None`.
+    pub(crate) writer: Option<Arc<dyn WriteBackend>>,
     /// Writeback state: one pass at a time, errors, when the file became dirty.
     pub(crate) wb: WbState,
 }
@@ -82,6 +85,7 @@ impl Inode {
         policy: Policy,
         backend: Arc<dyn Backend>,
         direct: Option<Arc<DirectFile>>,
+        writer: Option<Arc<dyn WriteBackend>>,
         shared: bool,
         wb: WbState,
     ) -> Result<Arc<Self>, Error> {
@@ -103,6 +107,7 @@ impl Inode {
                 stamp: Mutex::new(stamp),
                 shared,
                 direct,
+                writer,
                 wb,
             }),
             core: Arc::clone(core),
@@ -310,6 +315,10 @@ impl Inode {
         let Some(disk) = self.disk() else {
             return change();
         };
+        if disk.writer.is_some() {
+            // Nothing reaches storage but a commit, which keeps the stamp itself.
+            return change();
+        }
         let before = disk.backend.stamp().ok().flatten();
         let out = change();
         let after = disk.backend.stamp().ok().flatten();
@@ -318,6 +327,13 @@ impl Inode {
             *last = after;
         }
         out
+    }
+
+    /// Takes the stamp of the version this cache's own commit just put on storage.
+    pub(crate) fn committed(&self, stamp: Option<FileStamp>) {
+        if let Some(disk) = self.disk() {
+            *disk.stamp.lock().unwrap_or_else(PoisonError::into_inner) = stamp;
+        }
     }
 
     /// Where reads issued now end: bytes past it are zeroed when they arrive. The smaller of
@@ -338,6 +354,7 @@ impl Inode {
     pub(crate) fn writable(&self) -> Result<(), Error> {
         match &self.source {
             None => Ok(()),
+            Some(disk) if disk.writer.is_some() => Ok(()),
             Some(disk) => match &disk.direct {
                 Some(direct) if disk.shared && direct.write_fd().is_ok() => Ok(()),
                 _ => Err(Error::ReadOnly),

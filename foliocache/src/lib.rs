@@ -84,7 +84,10 @@ pub use error::{DescriptorRefused, Error};
 pub use fault::{Fault, Region, RegionHint};
 pub use file::{Advice, CachedRange, DropReport, File, Handle, PageState, SyncRange};
 pub use inode::Revalidated;
-pub use io::{Backend, EngineKind, FileStamp, IoMode, IoStats, OpenOptions, ReadRequest};
+pub use io::{
+    Backend, Changes, EngineKind, FileStamp, IoMode, IoStats, OpenOptions, ReadRequest,
+    WriteBackend,
+};
 pub use mapping::MappingStats;
 pub use mem::{FolioRef, MAX_ORDER, PAGE_SIZE};
 pub use memfile::MAX_FILE_SIZE;

@@ -1074,7 +1074,12 @@ impl Mapping {
     /// Calls `f` with each folio cached in pages `first..=last`, in order, referenced: one
     /// index walk to the next cached page, then a lookup there. A folio is visited once even
     /// if large, and may start before `first`.
-    pub(crate) fn for_each_cached(&self, first: u64, last: u64, mut f: impl FnMut(FolioRef<'_>)) {
+    pub(crate) fn for_each_cached<'m>(
+        &'m self,
+        first: u64,
+        last: u64,
+        mut f: impl FnMut(FolioRef<'m>),
+    ) {
         let mut index = first;
         while let Some(next) = self.index().next_present(index, last) {
             let Some(folio) = self.lookup(next) else {

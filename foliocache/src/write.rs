@@ -167,16 +167,22 @@ impl Inode {
             // Part of a page: what the write does not cover comes from storage (zeros past its
             // end), the kernel's read in `write_begin`.
             let disk = self.disk().expect("a file from storage");
-            let direct = disk.direct.as_ref().ok_or(Error::ReadOnly)?;
-            if first < crate::io::Backend::size(&**direct) {
-                direct.read_sync(first, bytes).map_err(|source| Error::Io {
-                    offset: at,
-                    len: bytes.len() as u64,
-                    source,
-                })?;
+            let read = if let Some(writer) = &disk.writer {
+                writer.read_sync(first, bytes)
             } else {
-                bytes.fill(0);
-            }
+                let direct = disk.direct.as_ref().ok_or(Error::ReadOnly)?;
+                if first < crate::io::Backend::size(&**direct) {
+                    direct.read_sync(first, bytes).map(drop)
+                } else {
+                    bytes.fill(0);
+                    Ok(())
+                }
+            };
+            read.map_err(|source| Error::Io {
+                offset: at,
+                len: bytes.len() as u64,
+                source,
+            })?;
             // Past the end of the file (as it will be after this piece) the bytes are zero.
             let size = self.mapping.size().max(piece_end);
             if size < folio_end {
@@ -288,7 +294,20 @@ impl Inode {
             return Err(Error::FileTooLarge { offset: len });
         }
         let disk = self.disk().ok_or(Error::NotADiskFile)?;
-        let direct = disk.direct.as_ref().ok_or(Error::ReadOnly)?;
+        // Where the size is set: the descriptor (at once), or the next commit.
+        let set_storage_size = |len| -> Result<(), Error> {
+            match (&disk.writer, &disk.direct) {
+                (Some(writer), _) => {
+                    writer.set_size(len);
+                    Ok(())
+                }
+                (None, Some(direct)) => direct.set_size(len),
+                (None, None) => Err(Error::ReadOnly),
+            }
+        };
+        if disk.writer.is_none() && disk.direct.is_none() {
+            return Err(Error::ReadOnly);
+        }
         let _changing = self.lock_changes();
         let size = self.mapping.size();
         if len < size
@@ -308,12 +327,12 @@ impl Inode {
             if len < size {
                 // Readers check the size before they look at pages: publish it first.
                 self.mapping.set_size(len);
-                direct.set_size(len)?;
+                set_storage_size(len)?;
                 // The folio holding the new end may start before its page (a large one).
                 self.drop_pages(len >> PAGE_SHIFT, len >> PAGE_SHIFT);
                 self.mapping.truncate_unless(len >> PAGE_SHIFT.., |_| false);
             } else if len > size {
-                direct.set_size(len)?;
+                set_storage_size(len)?;
                 self.mapping.set_size(len);
             }
             Ok(())
@@ -331,6 +350,11 @@ impl Inode {
             return Ok(());
         }
         let disk = self.disk().ok_or(Error::NotADiskFile)?;
+        if disk.writer.is_some() {
+            return Err(Error::NotOffered {
+                what: "hole punching",
+            });
+        }
         let direct = disk.direct.as_ref().ok_or(Error::ReadOnly)?;
         let _changing = self.lock_changes();
         let (first_page, last_page) = (offset >> PAGE_SHIFT, (end - 1) >> PAGE_SHIFT);
@@ -389,6 +413,9 @@ impl Inode {
             return Ok(());
         }
         let disk = self.disk().ok_or(Error::NotADiskFile)?;
+        if disk.writer.is_some() {
+            return Err(Error::NotOffered { what: "fallocate" });
+        }
         let direct = disk.direct.as_ref().ok_or(Error::ReadOnly)?;
         let _changing = self.lock_changes();
         let _no_pass = disk.wb.pass_lock();

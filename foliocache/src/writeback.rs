@@ -33,7 +33,7 @@ use crate::dirty::Flushable;
 use crate::error::Error;
 use crate::index::Mark;
 use crate::inode::Inode;
-use crate::io::{MAX_IOVECS, Transfer};
+use crate::io::{MAX_IOVECS, Transfer, WriteBackend};
 use crate::mem::{FolioRef, PAGE_SHIFT, PAGE_SIZE};
 use crate::policy::WritebackErrorPolicy;
 use std::io;
@@ -260,6 +260,9 @@ pub(crate) fn write_back_to(
     let Some(disk) = inode.disk() else {
         return Ok(Outcome::default());
     };
+    if let Some(writer) = &disk.writer {
+        return Ok(commit(inode, disk, &**writer));
+    }
     let Some(direct) = &disk.direct else {
         return Ok(Outcome::default()); // a custom backend: read only, never dirty
     };
@@ -372,6 +375,97 @@ fn pass(
     }
     disk.wb.clear_dirtied_if(|| mapping.dirty_pages() == 0);
     Ok(Outcome { pages })
+}
+
+/// A pass over a file whose backend takes whole-file commits ([`WriteBackend`]): every dirty
+/// folio of the file goes under writeback, the backend puts the new version on storage, and
+/// the folios end their writeback together, clean if the commit succeeded (dirty again under
+/// `KeepDirty` if not). Whatever range or budget the caller gave, the pass commits the whole
+/// file: a version of it is all storage takes.
+fn commit(
+    inode: &Arc<Inode>,
+    disk: &crate::inode::DiskSource,
+    writer: &dyn WriteBackend,
+) -> Outcome {
+    let mapping = &inode.mapping;
+    let _one_pass = disk.wb.pass_lock();
+    if mapping.dirty_pages() == 0 && !writer.resized() {
+        disk.wb
+            .clear_dirtied_if(|| inode.mapping.dirty_pages() == 0);
+        return Outcome::default();
+    }
+    mapping.tag_towrite(0, u64::MAX);
+    let mut folios: Vec<FolioRef<'_>> = Vec::new();
+    let mut from = 0;
+    loop {
+        let (batch, next) = mapping.start_writeback(from, u64::MAX, Mark::ToWrite, BATCH_PAGES);
+        folios.extend(batch);
+        match next {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
+    crate::inject::kill::point("writeback");
+    // Writers wait for folios under writeback and take the change lock to set the size: the
+    // size read here with every dirty folio under writeback is the one this version has.
+    let size = mapping.size();
+    // The clean folios too, referenced for the commit: their bytes are storage's, and never
+    // change (a write replaces a folio, it does not change it), so the backend need not
+    // fetch them again. Those under writeback are the ones taken above.
+    let mut clean: Vec<FolioRef<'_>> = Vec::new();
+    if size > 0 {
+        mapping.for_each_cached(0, (size - 1) >> PAGE_SHIFT, |folio| {
+            if folio.is_uptodate() && !folio.is_dirty() && !folio.is_writeback() {
+                clean.push(folio);
+            }
+        });
+    }
+    let changes = crate::io::Changes {
+        size,
+        dirty: pieces(&folios, size),
+        clean: pieces(&clean, size),
+    };
+    let result = writer.commit(&changes);
+    drop(changes);
+    drop(clean);
+    let redirty =
+        result.is_err() && inode.policy.writeback_error == WritebackErrorPolicy::KeepDirty;
+    match &result {
+        Ok(()) => inode.committed(writer.stamp().ok().flatten()),
+        Err(error) => {
+            disk.wb
+                .errors
+                .set(error.raw_os_error().unwrap_or(libc::EIO));
+            disk.wb
+                .failed_writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let mut pages = 0;
+    for folio in &folios {
+        pages += folio.nr_pages() as u64;
+        mapping.end_writeback(folio, redirty);
+    }
+    drop(folios);
+    disk.wb
+        .written_pages
+        .fetch_add(pages, std::sync::atomic::Ordering::Relaxed);
+    inode.core.writeback_done(pages);
+    disk.wb.clear_dirtied_if(|| mapping.dirty_pages() == 0);
+    Outcome { pages }
+}
+
+/// The bytes of `folios` below `size`, as `(file offset, bytes)`.
+fn pieces<'a>(folios: &'a [FolioRef<'_>], size: u64) -> Vec<(u64, &'a [u8])> {
+    folios
+        .iter()
+        .filter_map(|folio| {
+            let offset = folio.index() << PAGE_SHIFT;
+            let bytes = folio.bytes()?;
+            let len = (size.saturating_sub(offset)).min(bytes.len() as u64) as usize;
+            (len > 0).then(|| (offset, &bytes[..len]))
+        })
+        .collect()
 }
 
 impl Flushable for Inode {

@@ -81,6 +81,71 @@ pub trait Backend: Send + Sync + fmt::Debug {
     }
 }
 
+/// A backend whose file can be written too, and whose storage takes a file's changes all at
+/// once: a new version of the whole file replaces the old one when [`commit`](Self::commit)
+/// returns, and not before (an object store, where a PUT is the only way to change an
+/// object). A file opened on one ([`Cache::open_writable_backend`](crate::Cache::open_writable_backend))
+/// holds its writes as dirty folios, as a file from a disk does; every writeback pass of it
+/// (a sync, the flusher, the last holder letting go) is one commit of the whole file, whatever
+/// range or budget the pass was given, so the file on storage is always one version the cache
+/// held, never a mix.
+pub trait WriteBackend: Backend {
+    /// Reads `buf.len()` bytes at `offset` of the version on storage (the rest of a page a
+    /// write covers only in part), zeros past [`size`](Backend::size).
+    fn read_sync(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+
+    /// The file is `size` bytes long from now on (truncation or extension): the next commit
+    /// writes that many. Until then [`size`](Backend::size) is at most `size` (storage's bytes
+    /// past it are no longer the file's: reads there give zeros).
+    fn set_size(&self, size: u64);
+
+    /// Whether a change made without dirtying a folio (a [`set_size`](Self::set_size)) waits
+    /// for the next commit.
+    fn resized(&self) -> bool;
+
+    /// Puts the file described by `changes` on storage as its new version: the dirty bytes
+    /// where `changes` has them, storage's bytes elsewhere (zeros past [`size`](Backend::size)).
+    /// `Ok` once the new version is in place, after which `size` and
+    /// [`stamp`](Backend::stamp) describe it; `Err` if nothing changed on storage (the dirty
+    /// folios stay dirty under [`WritebackErrorPolicy::KeepDirty`](crate::WritebackErrorPolicy::KeepDirty),
+    /// and the error's errno goes to the file's error sequence).
+    fn commit(&self, changes: &Changes<'_>) -> io::Result<()>;
+}
+
+/// What one commit writes ([`WriteBackend::commit`]): the file's size and its dirty bytes.
+/// The folios stay under writeback during the commit, so their bytes do not change under it.
+#[derive(Debug)]
+pub struct Changes<'a> {
+    pub(crate) size: u64,
+    pub(crate) dirty: Vec<(u64, &'a [u8])>,
+    pub(crate) clean: Vec<(u64, &'a [u8])>,
+}
+
+impl Changes<'_> {
+    /// The file's size: the new version has exactly this many bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The dirty bytes: `(file offset, bytes)`, in file order, not overlapping, none past
+    /// [`size`](Self::size) (adjacent folios are separate pieces).
+    pub fn dirty(&self) -> &[(u64, &[u8])] {
+        &self.dirty
+    }
+
+    /// Bytes the cache holds clean, which are storage's bytes there (zeros past
+    /// [`size`](Backend::size)): a backend may take them instead of reading storage. Same
+    /// shape as [`dirty`](Self::dirty), and never overlapping it.
+    pub fn clean(&self) -> &[(u64, &[u8])] {
+        &self.clean
+    }
+
+    /// Bytes [`dirty`](Self::dirty) holds.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty.iter().map(|(_, bytes)| bytes.len() as u64).sum()
+    }
+}
+
 /// What a file looks like at one moment: its identity and what changes when its bytes do.
 /// Compared by [`File::revalidate`](crate::File::revalidate). The times have the file
 /// system's granularity (ext4: nanoseconds, updated at a few milliseconds' ticks), so a
