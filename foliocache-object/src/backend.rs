@@ -59,6 +59,31 @@ pub struct ObjectOptions {
     /// The time one HTTP request may take before the client gives it up and retries it
     /// (default 10 s).
     pub request_timeout: Duration,
+    /// Whether the file can be written (default false): writes go into the cache, and each
+    /// sync uploads the object ([`crate::commit`]).
+    pub write: bool,
+    /// Whether a missing object opens as an empty file (implies `write`; default false): the
+    /// first commit creates it, unless another writer created it first.
+    pub create: bool,
+    /// A file up to this size is committed as one conditional PUT (default 64 MiB, held in
+    /// memory for the PUT); a larger one as a multipart upload.
+    pub single_put_bytes: u64,
+    /// The part size of a multipart upload (default 8 MiB; at least 5 MiB, S3's minimum).
+    pub part_bytes: u64,
+    /// Parts of one upload in flight at once (default 4).
+    pub parts_in_flight: usize,
+}
+
+impl ObjectOptions {
+    /// The options a store's client is built with: those of reading and writing files are
+    /// per file, not per client.
+    pub(crate) fn for_client(&self) -> Self {
+        Self {
+            write: false,
+            create: false,
+            ..self.clone()
+        }
+    }
 }
 
 impl Default for ObjectOptions {
@@ -71,6 +96,11 @@ impl Default for ObjectOptions {
             store_retries: 4,
             body_retries: 3,
             request_timeout: Duration::from_secs(10),
+            write: false,
+            create: false,
+            single_put_bytes: 64 << 20,
+            part_bytes: 8 << 20,
+            parts_in_flight: 4,
         }
     }
 }
@@ -78,6 +108,8 @@ impl Default for ObjectOptions {
 /// The version a backend reads: what a HEAD said.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Version {
+    /// False for an object opened with `create` that is not there yet (size 0).
+    pub(crate) exists: bool,
     pub(crate) size: u64,
     pub(crate) e_tag: Option<String>,
     pub(crate) version: Option<String>,
@@ -85,12 +117,37 @@ pub(crate) struct Version {
 }
 
 impl Version {
-    fn of(meta: ObjectMeta) -> Self {
+    pub(crate) fn of(meta: ObjectMeta) -> Self {
         Self {
+            exists: true,
             size: meta.size,
             e_tag: meta.e_tag.clone(),
             version: meta.version.clone(),
             meta,
+        }
+    }
+
+    /// Whether two answers name one version (the metadata's times may differ: a commit's
+    /// own is the local clock's).
+    pub(crate) fn same_as(&self, other: &Self) -> bool {
+        (self.exists, self.size, &self.e_tag, &self.version)
+            == (other.exists, other.size, &other.e_tag, &other.version)
+    }
+
+    /// An object that is not there yet (opened with `create`).
+    fn missing(path: &Path) -> Self {
+        Self {
+            exists: false,
+            size: 0,
+            e_tag: None,
+            version: None,
+            meta: ObjectMeta {
+                location: path.clone(),
+                last_modified: chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
+                size: 0,
+                e_tag: None,
+                version: None,
+            },
         }
     }
 
@@ -127,6 +184,18 @@ pub struct ObjectStats {
     pub stale: u64,
     /// HEAD requests sent.
     pub heads: u64,
+    /// Commits tried (each sync, flush or last close of a written file).
+    pub commits: u64,
+    /// Commits that failed (the object unchanged, the data still dirty).
+    pub failed_commits: u64,
+    /// Commits refused because another writer changed the object (`ESTALE`).
+    pub conflicts: u64,
+    /// Single PUTs sent.
+    pub puts: u64,
+    /// Parts of multipart uploads sent.
+    pub parts: u64,
+    /// Bytes of the versions committed.
+    pub bytes_uploaded: u64,
 }
 
 impl std::ops::Add for ObjectStats {
@@ -141,20 +210,32 @@ impl std::ops::Add for ObjectStats {
             body_retries: self.body_retries + b.body_retries,
             stale: self.stale + b.stale,
             heads: self.heads + b.heads,
+            commits: self.commits + b.commits,
+            failed_commits: self.failed_commits + b.failed_commits,
+            conflicts: self.conflicts + b.conflicts,
+            puts: self.puts + b.puts,
+            parts: self.parts + b.parts,
+            bytes_uploaded: self.bytes_uploaded + b.bytes_uploaded,
         }
     }
 }
 
 #[derive(Debug, Default)]
-struct Counters {
-    gets: AtomicU64,
-    bytes_fetched: AtomicU64,
-    failed_gets: AtomicU64,
+pub(crate) struct Counters {
+    pub(crate) gets: AtomicU64,
+    pub(crate) bytes_fetched: AtomicU64,
+    pub(crate) failed_gets: AtomicU64,
     body_retries: AtomicU64,
     stale: AtomicU64,
     heads: AtomicU64,
-    /// The last failed GET's message (the core keeps only its errno).
-    last_error: Mutex<Option<String>>,
+    pub(crate) commits: AtomicU64,
+    pub(crate) failed_commits: AtomicU64,
+    pub(crate) conflicts: AtomicU64,
+    pub(crate) puts: AtomicU64,
+    pub(crate) parts: AtomicU64,
+    pub(crate) bytes_uploaded: AtomicU64,
+    /// The last failed request's message (the core keeps only its errno).
+    pub(crate) last_error: Mutex<Option<String>>,
 }
 
 /// What the files of one store share: the client and the bound on GETs in flight.
@@ -177,20 +258,25 @@ impl StoreLink {
 
 /// One object as a foliocache backend (see the module documentation).
 pub struct ObjectBackend {
-    link: Arc<StoreLink>,
-    path: Path,
+    pub(crate) link: Arc<StoreLink>,
+    pub(crate) path: Path,
     /// The version GETs ask for.
-    pinned: Mutex<Version>,
+    pub(crate) pinned: Mutex<Version>,
     /// `pinned.size`, read on every request.
-    size: AtomicU64,
+    pub(crate) size: AtomicU64,
+    /// Where a truncation not yet committed cut the file (`u64::MAX`: none): the pinned
+    /// version's bytes past it are no longer the file's.
+    pub(crate) limit: AtomicU64,
+    /// A size change waits for the next commit.
+    pub(crate) resized: std::sync::atomic::AtomicBool,
     /// Bumped each time another version is pinned.
     generation: AtomicU64,
     /// What the last HEAD saw (revalidation's `stamp`), until it is pinned.
-    last_head: Mutex<Version>,
+    pub(crate) last_head: Mutex<Version>,
     /// Set by `open`, whose HEAD the cache's first `stamp` (when it opens the file) takes
     /// instead of sending another.
-    fresh: std::sync::atomic::AtomicBool,
-    counters: Arc<Counters>,
+    pub(crate) fresh: std::sync::atomic::AtomicBool,
+    pub(crate) counters: Arc<Counters>,
     /// Woken whenever a request completes: async readers wait on it.
     pub(crate) completions: Arc<Notify>,
 }
@@ -222,7 +308,7 @@ impl fmt::Display for Failure {
 impl std::error::Error for Failure {}
 
 /// An `io::Error` that says what happened and carries the errno ([`errno_in`]).
-fn errno_error(errno: i32, what: impl fmt::Display) -> io::Error {
+pub(crate) fn errno_error(errno: i32, what: impl fmt::Display) -> io::Error {
     let kind = io::Error::from_raw_os_error(errno).kind();
     io::Error::new(
         kind,
@@ -258,13 +344,20 @@ pub(crate) fn errno_of(error: &object_store::Error) -> i32 {
 
 impl ObjectBackend {
     /// Opens `path` in the store: one HEAD, whose version the backend is pinned to.
-    pub(crate) async fn open(link: Arc<StoreLink>, path: Path) -> io::Result<Self> {
+    pub(crate) async fn open(link: Arc<StoreLink>, path: Path, create: bool) -> io::Result<Self> {
         let counters = Arc::new(Counters::default());
-        let version = head(&link, &path, &counters).await?;
+        let version = match head(&link, &path, &counters).await {
+            Err(error) if create && errno_in(&error) == Some(libc::ENOENT) => {
+                Version::missing(&path)
+            }
+            other => other?,
+        };
         Ok(Self {
             link,
             path,
             size: AtomicU64::new(version.size),
+            limit: AtomicU64::new(u64::MAX),
+            resized: std::sync::atomic::AtomicBool::new(false),
             pinned: Mutex::new(version.clone()),
             generation: AtomicU64::new(0),
             last_head: Mutex::new(version),
@@ -300,13 +393,28 @@ impl ObjectBackend {
     pub(crate) fn adopt_last_head(&self) -> bool {
         let head = lock(&self.last_head).clone();
         let mut pinned = lock(&self.pinned);
-        if *pinned == head {
+        if pinned.same_as(&head) {
             return false;
         }
         self.size.store(head.size, Ordering::Release);
         *pinned = head;
         self.generation.fetch_add(1, Ordering::AcqRel);
         true
+    }
+
+    /// Whether the store's object is another version than the pinned one (one HEAD; an
+    /// object this file is to create that still is not there is unchanged).
+    pub(crate) fn changed_in_store(&self) -> io::Result<bool> {
+        self.fresh.store(false, Ordering::Release);
+        foliocache::Backend::stamp(self)?;
+        let head = lock(&self.last_head).clone();
+        Ok(!lock(&self.pinned).same_as(&head))
+    }
+
+    /// Forgets a size change not committed (its changes were discarded).
+    pub(crate) fn forget_resize(&self) {
+        self.limit.store(u64::MAX, Ordering::Release);
+        self.resized.store(false, Ordering::Release);
     }
 
     /// What the last failed GET said (a read fails with its errno only).
@@ -324,15 +432,25 @@ impl ObjectBackend {
             body_retries: c.body_retries.load(Ordering::Relaxed),
             stale: c.stale.load(Ordering::Relaxed),
             heads: c.heads.load(Ordering::Relaxed),
+            commits: c.commits.load(Ordering::Relaxed),
+            failed_commits: c.failed_commits.load(Ordering::Relaxed),
+            conflicts: c.conflicts.load(Ordering::Relaxed),
+            puts: c.puts.load(Ordering::Relaxed),
+            parts: c.parts.load(Ordering::Relaxed),
+            bytes_uploaded: c.bytes_uploaded.load(Ordering::Relaxed),
         }
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-async fn head(link: &StoreLink, path: &Path, counters: &Counters) -> io::Result<Version> {
+pub(crate) async fn head(
+    link: &StoreLink,
+    path: &Path,
+    counters: &Counters,
+) -> io::Result<Version> {
     counters.heads.fetch_add(1, Ordering::Relaxed);
     let options = GetOptions {
         head: true,
@@ -348,13 +466,17 @@ async fn head(link: &StoreLink, path: &Path, counters: &Counters) -> io::Result<
 
 impl Backend for ObjectBackend {
     fn size(&self) -> u64 {
-        self.size.load(Ordering::Acquire)
+        self.size
+            .load(Ordering::Acquire)
+            .min(self.limit.load(Ordering::Acquire))
     }
 
     fn submit(&self, requests: Vec<ReadRequest>) {
         let pinned = lock(&self.pinned).clone();
+        let end = self.size();
         for run in merge(requests, self.link.options.get_bytes) {
             let fetch = Fetch {
+                end,
                 link: Arc::clone(&self.link),
                 path: self.path.clone(),
                 version: pinned.clone(),
@@ -376,7 +498,13 @@ impl Backend for ObjectBackend {
         let counters = Arc::clone(&self.counters);
         let link = Arc::clone(&self.link);
         let path = self.path.clone();
-        let version = runtime::wait(async move { head(&link, &path, &counters).await })?;
+        let version = match runtime::wait(async move { head(&link, &path, &counters).await }) {
+            // Still not there: the file created here is not committed yet.
+            Err(error) if errno_in(&error) == Some(libc::ENOENT) && !lock(&self.pinned).exists => {
+                lock(&self.pinned).clone()
+            }
+            other => other?,
+        };
         let stamp = version.stamp();
         *lock(&self.last_head) = version;
         Ok(Some(stamp))
@@ -410,6 +538,9 @@ fn merge(requests: Vec<ReadRequest>, max: u64) -> Vec<Vec<ReadRequest>> {
 
 /// One GET's worth of requests, filled in order as the body arrives.
 struct Fetch {
+    /// Where the file's bytes on storage end (the pinned version's size, or less where a
+    /// truncation not yet committed cut it): nothing past it is asked for.
+    end: u64,
     link: Arc<StoreLink>,
     path: Path,
     version: Version,
@@ -513,7 +644,7 @@ impl Fetch {
         let mut fill = Fill::new(requests, Arc::clone(&self.completions));
         let wanted: u64 = fill.requests.iter().map(|r| r.2 as u64).sum();
         // Past the end of the pinned version nothing is asked for: the core zeroes it.
-        let end = (start + wanted).min(self.version.size);
+        let end = (start + wanted).min(self.end);
         let error = if start < end {
             let permit = Arc::clone(&self.link.limit).acquire_owned().await;
             let outcome = tokio::time::timeout(
@@ -541,7 +672,7 @@ impl Fetch {
                 self.counters.stale.fetch_add(1, Ordering::Relaxed);
             }
         }
-        fill.finish(self.version.size, error, &self.counters.last_error);
+        fill.finish(self.end, error, &self.counters.last_error);
     }
 
     /// GETs `start..end` into `fill`, fetching again from where a broken body stopped.

@@ -80,12 +80,87 @@ impl ObjectFile {
     }
 
     /// Looks at the object again (one HEAD): if it changed, drops every cached page and reads
-    /// the new version from now on.
+    /// the new version from now on. A file holding changes not yet committed keeps them and
+    /// its version: if the object changed, that is a conflict (`Error::Io` with `ESTALE`; the
+    /// next sync fails the same way), which [`discard_changes`](Self::discard_changes) ends.
     pub fn revalidate(&self) -> Result<Revalidated, Error> {
+        if self.holds_changes() {
+            return self.check_unchanged();
+        }
         let revalidated = self.file.revalidate()?;
         // After the drop, never before (see `ObjectBackend::adopt_last_head`).
         self.backend.adopt_last_head();
         Ok(revalidated)
+    }
+
+    /// Whether the file holds changes not yet committed (dirty pages, a commit under way, a
+    /// size change).
+    pub fn holds_changes(&self) -> bool {
+        let stats = self.file.mapping_stats();
+        stats.dirty_pages + stats.writeback_pages > 0
+            || foliocache::WriteBackend::resized(&*self.backend)
+    }
+
+    /// Revalidation of a file holding changes: the object must still be the pinned version.
+    fn check_unchanged(&self) -> Result<Revalidated, Error> {
+        if self
+            .backend
+            .changed_in_store()
+            .map_err(|source| io_error(0, source))?
+        {
+            return Err(io_error(0, std::io::Error::from_raw_os_error(libc::ESTALE)));
+        }
+        Ok(Revalidated {
+            changed: false,
+            size: self.file.size(),
+            dropped_pages: 0,
+        })
+    }
+
+    /// Writes `data` at `pos` into the cache (dirty; the object changes at the next sync).
+    /// The file must have been opened with [`ObjectOptions::write`](crate::ObjectOptions::write)
+    /// or `create`, else [`Error::ReadOnly`].
+    pub fn write_at(&self, data: &[u8], pos: u64) -> Result<usize, Error> {
+        self.file.write_at(data, pos)
+    }
+
+    /// Sets the file's size (committed at the next sync).
+    pub fn set_len(&self, len: u64) -> Result<(), Error> {
+        self.file.set_len(len)
+    }
+
+    /// Uploads the object if the file holds changes, and waits ([`crate::commit`]). `Ok`:
+    /// the store has every change made before the call. An error leaves the object as it
+    /// was and the changes dirty (the next sync tries again): `Error::Writeback` with
+    /// `ESTALE` when another writer changed the object (a conflict), the store's errno
+    /// otherwise; [`ObjectBackend::last_error`] says what happened.
+    pub fn sync(&self) -> Result<(), Error> {
+        self.file.sync_all()
+    }
+
+    /// Drops the changes not yet committed and reads the object as the store has it now
+    /// (how a conflict ends). Returns the pages of changes dropped.
+    pub fn discard_changes(&self) -> Result<u64, Error> {
+        let dropped = self.file.discard_dirty(libc::ECANCELED);
+        // The discard is recorded as an error (`ECANCELED`) for the handles that were open
+        // (their writes are gone); the caller asked for it, so it is seen here, not by the
+        // next `sync` of this file.
+        if dropped > 0 {
+            let _ = self.file.sync_all();
+        }
+        self.backend.forget_resize();
+        // The size and pages as the store has them: looked at again whatever the stamp says.
+        self.file.changed_outside()?;
+        self.backend.adopt_last_head();
+        Ok(dropped)
+    }
+}
+
+fn io_error(offset: u64, source: std::io::Error) -> Error {
+    Error::Io {
+        offset,
+        len: 0,
+        source,
     }
 }
 

@@ -12,9 +12,14 @@
 //! - [`CachedStore`]: an [`object_store::ObjectStore`] that reads through the cache, for
 //!   programs that read through that trait (the `parquet` crate's async reader, DataFusion).
 //!
-//! Objects are read only here, and served by private caches only (a shared cache's owner
-//! would need the store's endpoint and credentials, which are the client's):
-//! `open_object` on a shared cache is [`Error::Cache`] with `Unsupported`.
+//! - Writes: open with [`ObjectOptions::write`] (or `create`), then [`ObjectFile::write_at`]
+//!   and [`ObjectFile::sync`]. Writes go into the cache as dirty folios; a sync uploads the
+//!   new object with a conditional PUT, so another writer's version is never silently
+//!   overwritten ([`commit`]).
+//!
+//! Objects are served by private caches only (a shared cache's owner would need the store's
+//! endpoint and credentials, which are the client's): `open_object` on a shared cache is
+//! [`Error::Cache`] with `Unsupported`.
 //!
 //! Versions and failures are described in [`backend`]; the window sizes that keep a reader
 //! at the network's rate in `docs/OBJECT.md`.
@@ -22,6 +27,7 @@
 pub mod backend;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod commit;
 mod file;
 mod runtime;
 mod store;
@@ -96,8 +102,8 @@ pub trait ObjectCache {
 impl ObjectCache for Cache {
     fn open_object_with(&self, url: &str, options: &ObjectOptions) -> Result<ObjectFile, Error> {
         let parsed = ObjectUrl::parse(url)?;
-        let link = url::link_for(&parsed.bucket, options)?;
-        open_linked(self, link, parsed.path(), url)
+        let link = url::link_for(&parsed.bucket, &options.for_client())?;
+        open_linked(self, link, parsed.path(), url, options)
     }
 
     fn open_object_in(
@@ -107,8 +113,8 @@ impl ObjectCache for Cache {
         options: &ObjectOptions,
     ) -> Result<ObjectFile, Error> {
         let name = format!("{store}/{path}");
-        let link = backend::StoreLink::new(store, options.clone());
-        open_linked(self, link, path.clone(), &name)
+        let link = backend::StoreLink::new(store, options.for_client());
+        open_linked(self, link, path.clone(), &name, options)
     }
 }
 
@@ -119,7 +125,8 @@ pub(crate) fn open_linked_at(
     path: Path,
 ) -> Result<ObjectFile, Error> {
     let name = format!("{}/{path}", link.store);
-    open_linked(cache, link, path, &name)
+    let options = link.options.clone();
+    open_linked(cache, link, path, &name, &options)
 }
 
 fn open_linked(
@@ -127,6 +134,7 @@ fn open_linked(
     link: Arc<backend::StoreLink>,
     path: Path,
     name: &str,
+    options: &ObjectOptions,
 ) -> Result<ObjectFile, Error> {
     if cache.is_shared() {
         return Err(Error::Cache(foliocache::Error::Unsupported {
@@ -134,12 +142,19 @@ fn open_linked(
             mode: "shared",
         }));
     }
-    let backend = runtime::wait(ObjectBackend::open(link, path))
+    let backend = runtime::wait(ObjectBackend::open(link, path, options.create))
         .map(Arc::new)
         .map_err(|source| Error::Head {
             url: name.to_owned(),
             source,
         })?;
-    let file = cache.open_backend(Arc::clone(&backend) as Arc<dyn foliocache::Backend>, None)?;
+    let file = if options.write || options.create {
+        cache.open_writable_backend(
+            Arc::clone(&backend) as Arc<dyn foliocache::WriteBackend>,
+            None,
+        )?
+    } else {
+        cache.open_backend(Arc::clone(&backend) as Arc<dyn foliocache::Backend>, None)?
+    };
     Ok(ObjectFile::new(file, backend))
 }

@@ -57,6 +57,22 @@ pub fn put(store: &Arc<dyn ObjectStore>, key: &str, bytes: Vec<u8>) {
     block_on(store.put(&path, bytes.into())).unwrap();
 }
 
+/// The store's object at `key`, read by a client with no cache.
+pub fn stored(store: &Arc<dyn ObjectStore>, key: &str) -> Vec<u8> {
+    use object_store::ObjectStoreExt;
+    let path = object_store::path::Path::from(key);
+    block_on(async {
+        store
+            .get(&path)
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+            .to_vec()
+    })
+}
+
 /// Deterministic bytes: `len` bytes of a seeded xorshift stream.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
