@@ -269,6 +269,10 @@ pub struct ObjectBackend {
     pub(crate) limit: AtomicU64,
     /// A size change waits for the next commit.
     pub(crate) resized: std::sync::atomic::AtomicBool,
+    /// A commit found the object changed by another writer: until the changes are discarded,
+    /// commits fail at once with `ESTALE` (retrying cannot succeed, and a multipart upload
+    /// would send the whole object first).
+    pub(crate) conflicted: std::sync::atomic::AtomicBool,
     /// Bumped each time another version is pinned.
     generation: AtomicU64,
     /// What the last HEAD saw (revalidation's `stamp`), until it is pinned.
@@ -358,6 +362,7 @@ impl ObjectBackend {
             size: AtomicU64::new(version.size),
             limit: AtomicU64::new(u64::MAX),
             resized: std::sync::atomic::AtomicBool::new(false),
+            conflicted: std::sync::atomic::AtomicBool::new(false),
             pinned: Mutex::new(version.clone()),
             generation: AtomicU64::new(0),
             last_head: Mutex::new(version),
@@ -402,19 +407,12 @@ impl ObjectBackend {
         true
     }
 
-    /// Whether the store's object is another version than the pinned one (one HEAD; an
-    /// object this file is to create that still is not there is unchanged).
-    pub(crate) fn changed_in_store(&self) -> io::Result<bool> {
-        self.fresh.store(false, Ordering::Release);
-        foliocache::Backend::stamp(self)?;
-        let head = lock(&self.last_head).clone();
-        Ok(!lock(&self.pinned).same_as(&head))
-    }
-
-    /// Forgets a size change not committed (its changes were discarded).
-    pub(crate) fn forget_resize(&self) {
+    /// Forgets what waits for a commit, the changes being discarded: a size change, and a
+    /// conflict seen (commits fail at once while one stands, see [`crate::commit`]).
+    pub(crate) fn forget_changes(&self) {
         self.limit.store(u64::MAX, Ordering::Release);
         self.resized.store(false, Ordering::Release);
+        self.conflicted.store(false, Ordering::Release);
     }
 
     /// What the last failed GET said (a read fails with its errno only).

@@ -19,8 +19,9 @@
 //! A commit that fails (the store unreachable past the deadline, a refusal, a conflict) leaves
 //! the object as it was; the core keeps the folios dirty (`KeepDirty`) and records the errno
 //! (`ESTALE` for a conflict), which the next sync reports; the next commit tries again. A
-//! conflict does not go away by retrying: [`ObjectFile::discard_changes`](crate::ObjectFile::discard_changes)
-//! drops the changes and takes the new version.
+//! conflict does not go away by retrying: once one is seen, commits fail at once until
+//! [`ObjectFile::discard_changes`](crate::ObjectFile::discard_changes) drops the changes and
+//! takes the new version.
 //!
 //! The upload is the object's whole size: `object_store` has no server-side part copy, so a
 //! small change to a large object uploads all of it, and downloads what the cache does not
@@ -53,15 +54,29 @@ fn conflict(path: &object_store::path::Path, what: &str) -> io::Error {
 
 impl WriteBackend for ObjectBackend {
     fn read_sync(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        let end = (offset + buf.len() as u64).min(foliocache::Backend::size(self));
-        let n = end.saturating_sub(offset) as usize;
-        if n > 0 {
+        // Twice at most: this file's own commit may pin a new version while the GET asks for
+        // the old one (a refusal then is not another writer's change).
+        for attempt in 0..2 {
             let pinned = lock(&self.pinned).clone();
-            let bytes = self.get_old(&pinned, offset, end)?;
-            buf[..n].copy_from_slice(&bytes);
+            let end = (offset + buf.len() as u64).min(foliocache::Backend::size(self));
+            let n = end.saturating_sub(offset) as usize;
+            if n > 0 {
+                match self.get_old(&pinned, offset, end) {
+                    Ok(bytes) => buf[..n].copy_from_slice(&bytes),
+                    Err(error)
+                        if attempt == 0
+                            && errno_in(&error) == Some(libc::ESTALE)
+                            && !lock(&self.pinned).same_as(&pinned) =>
+                    {
+                        continue;
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            buf[n..].fill(0);
+            return Ok(());
         }
-        buf[n..].fill(0);
-        Ok(())
+        Err(io::Error::from_raw_os_error(libc::ESTALE))
     }
 
     fn set_size(&self, size: u64) {
@@ -75,7 +90,12 @@ impl WriteBackend for ObjectBackend {
 
     fn commit(&self, changes: &Changes<'_>) -> io::Result<()> {
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
-        match self.upload(changes) {
+        let outcome = if self.conflicted.load(Ordering::Acquire) {
+            Err(conflict(&self.path, "commit"))
+        } else {
+            self.upload(changes)
+        };
+        match outcome {
             Ok(version) => {
                 self.pin_committed(version);
                 Ok(())
@@ -85,6 +105,7 @@ impl WriteBackend for ObjectBackend {
                 let errno = errno_in(&error).unwrap_or(libc::EIO);
                 if errno == libc::ESTALE {
                     self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                    self.conflicted.store(true, Ordering::Release);
                 }
                 *lock(&self.counters.last_error) = Some(error.to_string());
                 // The core keeps the errno only; the message is in `last_error`.
@@ -292,27 +313,23 @@ impl ObjectBackend {
         let deadline = options.deadline;
         let timed =
             move |what: String| errno_error(libc::ETIMEDOUT, format!("{what}: not done in time"));
+        // The check first as well: a conflict found now costs no upload of the whole object.
+        self.check_unchanged(pinned)?;
         let start = {
             let (link, path) = (Arc::clone(&link), path.clone());
             runtime::wait(async move {
-                tokio::time::timeout(
-                    deadline,
-                    link.store
-                        .put_multipart_opts(&path, object_store::PutMultipartOptions::default()),
-                )
-                .await
-                .unwrap_or_else(|_| {
-                    Err(object_store::Error::Generic {
-                        store: "S3",
-                        source: "starting the upload took too long".into(),
-                    })
-                })
-                .map_err(|error| {
-                    errno_error(
-                        errno_of(&error),
-                        format!("multipart upload of {path}: {error}"),
-                    )
-                })
+                let begin = link
+                    .store
+                    .put_multipart_opts(&path, object_store::PutMultipartOptions::default());
+                match tokio::time::timeout(deadline, begin).await {
+                    Err(_) => Err(timed(format!("starting the multipart upload of {path}"))),
+                    Ok(result) => result.map_err(|error| {
+                        errno_error(
+                            errno_of(&error),
+                            format!("multipart upload of {path}: {error}"),
+                        )
+                    }),
+                }
             })
         };
         let mut upload: Box<dyn MultipartUpload> = start?;
@@ -326,10 +343,23 @@ impl ObjectBackend {
                         .unwrap_or_else(|_| Err(errno_error(libc::EIO, "a part's task ended")))
                 })
             };
+            // On an error the parts still in flight are waited for, so that the abort which
+            // follows does not race them (a part landing after it would stay on the store).
+            let settle = |in_flight: &mut VecDeque<tokio::task::JoinHandle<io::Result<()>>>| {
+                for handle in in_flight.drain(..) {
+                    let _ = wait_one(handle);
+                }
+            };
             let mut at = 0;
             while at < size {
                 let end = (at + part_bytes).min(size);
-                let body = self.part(changes, (at, end), limit, pinned)?;
+                let body = match self.part(changes, (at, end), limit, pinned) {
+                    Ok(body) => body,
+                    Err(error) => {
+                        settle(&mut in_flight);
+                        return Err(error);
+                    }
+                };
                 let put = upload.put_part(PutPayload::from(body));
                 self.counters.parts.fetch_add(1, Ordering::Relaxed);
                 let what = format!("part {at}..{end} of {path}");
@@ -344,29 +374,21 @@ impl ObjectBackend {
                 }));
                 if in_flight.len() >= options.parts_in_flight.max(1)
                     && let Some(oldest) = in_flight.pop_front()
+                    && let Err(error) = wait_one(oldest)
                 {
-                    wait_one(oldest)?;
+                    settle(&mut in_flight);
+                    return Err(error);
                 }
                 at = end;
             }
-            for handle in in_flight {
-                wait_one(handle)?;
+            while let Some(handle) = in_flight.pop_front() {
+                if let Err(error) = wait_one(handle) {
+                    settle(&mut in_flight);
+                    return Err(error);
+                }
             }
             // The check before the completion (see the module documentation).
-            let counters = Arc::clone(&self.counters);
-            let (link, path) = (Arc::clone(&link), path.clone());
-            let now =
-                runtime::wait(async move { crate::backend::head(&link, &path, &counters).await });
-            let unchanged = match now {
-                Ok(now) => pinned.exists && now.e_tag == pinned.e_tag && now.size == pinned.size,
-                Err(error) if errno_in(&error) == Some(libc::ENOENT) => !pinned.exists,
-                Err(error) => return Err(error),
-            };
-            if unchanged {
-                Ok(())
-            } else {
-                Err(conflict(&self.path, "multipart upload"))
-            }
+            self.check_unchanged(pinned)
         })();
         let path = self.path.clone();
         let (upload, result) = runtime::wait(async move {
@@ -389,6 +411,24 @@ impl ObjectBackend {
         });
         drop(upload);
         result
+    }
+
+    /// One HEAD: `Ok` if the store's object is still `pinned` (or, for an object this file is
+    /// to create, still missing), the conflict error if another writer changed it.
+    fn check_unchanged(&self, pinned: &Version) -> io::Result<()> {
+        let counters = Arc::clone(&self.counters);
+        let (link, path) = (Arc::clone(&self.link), self.path.clone());
+        let now = runtime::wait(async move { crate::backend::head(&link, &path, &counters).await });
+        let unchanged = match now {
+            Ok(now) => pinned.exists && now.e_tag == pinned.e_tag && now.size == pinned.size,
+            Err(error) if errno_in(&error) == Some(libc::ENOENT) => !pinned.exists,
+            Err(error) => return Err(error),
+        };
+        if unchanged {
+            Ok(())
+        } else {
+            Err(conflict(&self.path, "multipart upload"))
+        }
     }
 
     /// Takes the version this backend's own commit made: pinned, and the stamp the cache

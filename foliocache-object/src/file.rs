@@ -83,10 +83,8 @@ impl ObjectFile {
     /// the new version from now on. A file holding changes not yet committed keeps them and
     /// its version: if the object changed, that is a conflict (`Error::Io` with `ESTALE`; the
     /// next sync fails the same way), which [`discard_changes`](Self::discard_changes) ends.
+    /// The core checks this under the file's change lock, so a write cannot slip in between.
     pub fn revalidate(&self) -> Result<Revalidated, Error> {
-        if self.holds_changes() {
-            return self.check_unchanged();
-        }
         let revalidated = self.file.revalidate()?;
         // After the drop, never before (see `ObjectBackend::adopt_last_head`).
         self.backend.adopt_last_head();
@@ -99,22 +97,6 @@ impl ObjectFile {
         let stats = self.file.mapping_stats();
         stats.dirty_pages + stats.writeback_pages > 0
             || foliocache::WriteBackend::resized(&*self.backend)
-    }
-
-    /// Revalidation of a file holding changes: the object must still be the pinned version.
-    fn check_unchanged(&self) -> Result<Revalidated, Error> {
-        if self
-            .backend
-            .changed_in_store()
-            .map_err(|source| io_error(0, source))?
-        {
-            return Err(io_error(0, std::io::Error::from_raw_os_error(libc::ESTALE)));
-        }
-        Ok(Revalidated {
-            changed: false,
-            size: self.file.size(),
-            dropped_pages: 0,
-        })
     }
 
     /// Writes `data` at `pos` into the cache (dirty; the object changes at the next sync).
@@ -141,26 +123,22 @@ impl ObjectFile {
     /// Drops the changes not yet committed and reads the object as the store has it now
     /// (how a conflict ends). Returns the pages of changes dropped.
     pub fn discard_changes(&self) -> Result<u64, Error> {
+        // First, so that no commit (the flusher's) takes the size change for one to upload.
+        self.backend.forget_changes();
         let dropped = self.file.discard_dirty(libc::ECANCELED);
         // The discard is recorded as an error (`ECANCELED`) for the handles that were open
-        // (their writes are gone); the caller asked for it, so it is seen here, not by the
-        // next `sync` of this file.
+        // (their writes are gone); the caller asked for it, so it is seen here (a handle's
+        // look at the error sequence that writes nothing), not by the next `sync`.
         if dropped > 0 {
-            let _ = self.file.sync_all();
+            let _ = self
+                .file
+                .handle()
+                .sync_range(0, 0, foliocache::SyncRange::WAIT_BEFORE);
         }
-        self.backend.forget_resize();
         // The size and pages as the store has them: looked at again whatever the stamp says.
         self.file.changed_outside()?;
         self.backend.adopt_last_head();
         Ok(dropped)
-    }
-}
-
-fn io_error(offset: u64, source: std::io::Error) -> Error {
-    Error::Io {
-        offset,
-        len: 0,
-        source,
     }
 }
 

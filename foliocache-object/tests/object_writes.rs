@@ -143,9 +143,9 @@ fn random_changes(options: ObjectOptions, initial: usize, seed: u64) {
         );
     }
     let stats = file.backend().stats();
-    // One per sync, and one before each truncation that cut a dirty folio (its bytes below
-    // the new end are committed first, as the kernel writes that folio back).
-    assert!(stats.commits >= 6, "{stats:?}");
+    // One per sync: a truncation commits nothing (it keeps a dirty end folio, zeroed past
+    // the new end).
+    assert_eq!(stats.commits, 6, "{stats:?}");
     assert_eq!(stats.failed_commits, 0);
     // A second client without the cache reads the same.
     let other = cache
@@ -253,6 +253,7 @@ fn a_sync_never_overwrites_another_writers_version() {
         file.write_at(b"mine", 10).unwrap();
         let theirs = bytes(2, 3 << 20);
         put(&store, &path, theirs.clone());
+        let mut uploads = None;
         for _ in 0..2 {
             let error = file.sync().unwrap_err();
             assert_eq!(errno(&error), Some(libc::ESTALE), "{error}");
@@ -261,6 +262,11 @@ fn a_sync_never_overwrites_another_writers_version() {
             file.handle().read_at(&mut buf, 10).unwrap();
             assert_eq!(&buf, b"mine");
             assert!(file.holds_changes());
+            // After the first conflict, a commit fails at once: nothing more is sent.
+            let stats = file.backend().stats();
+            let sent = (stats.puts, stats.parts, stats.gets);
+            assert!(uploads.is_none_or(|before| before == sent), "{stats:?}");
+            uploads = Some(sent);
         }
         let message = file.backend().last_error().unwrap();
         assert!(
@@ -268,8 +274,11 @@ fn a_sync_never_overwrites_another_writers_version() {
             "{message}"
         );
         assert_eq!(file.backend().stats().conflicts, 2);
-        // Revalidation does not take the new version either while changes are held.
+        // Revalidation does not take the new version either while changes are held, through
+        // the object file or the core's file.
         let error = file.revalidate().unwrap_err();
+        assert_eq!(errno(&error), Some(libc::ESTALE));
+        let error = file.file().revalidate().unwrap_err();
         assert_eq!(errno(&error), Some(libc::ESTALE));
         assert!(file.discard_changes().unwrap() > 0);
         assert!(!file.holds_changes());
@@ -475,4 +484,212 @@ fn created_objects_and_the_last_close() {
         &writable(ObjectOptions::default()),
     );
     assert!(missing.is_err(), "write without create needs the object");
+}
+
+/// The negative control of the conflict test: a store that ignores the conditions (`If-Match`
+/// on GETs, `PutMode::Update` on PUTs) lets the same sync overwrite the other writer's
+/// version, so the conflict test's assertions do catch an unconditional upload.
+#[derive(Debug)]
+struct Careless(InMemory);
+
+impl std::fmt::Display for Careless {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Careless({})", self.0)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for Careless {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        _opts: PutOptions,
+    ) -> object_store::Result<PutResult> {
+        self.0
+            .put_opts(location, payload, PutOptions::default())
+            .await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn MultipartUpload>> {
+        self.0.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &Path,
+        options: GetOptions,
+    ) -> object_store::Result<GetResult> {
+        let options = GetOptions {
+            if_match: None,
+            ..options
+        };
+        self.0.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, object_store::Result<Path>>,
+    ) -> BoxStream<'static, object_store::Result<Path>> {
+        self.0.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
+        self.0.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
+        self.0.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &Path,
+        to: &Path,
+        options: CopyOptions,
+    ) -> object_store::Result<()> {
+        self.0.copy_opts(from, to, options).await
+    }
+}
+
+#[test]
+fn negative_control_a_store_without_conditions_lets_the_sync_overwrite() {
+    let store: Arc<dyn ObjectStore> = Arc::new(Careless(InMemory::new()));
+    let path = Path::from("w/careless.bin");
+    put(&store, &path, bytes(1, 1 << 20));
+    let cache = cache();
+    let file = cache
+        .open_object_in(
+            Arc::clone(&store),
+            &path,
+            &writable(ObjectOptions::default()),
+        )
+        .unwrap();
+    read_all(&file);
+    file.write_at(b"mine", 10).unwrap();
+    let theirs = bytes(2, 3000);
+    put(&store, &path, theirs.clone());
+    // What the conflict test refuses happens here: the sync succeeds over their version.
+    file.sync().unwrap();
+    assert_ne!(stored(&store, &path), theirs);
+}
+
+/// Appends racing syncs: each commit takes the size with the folios it uploads, so after the
+/// clean pages are dropped (only storage has their bytes then) the object still holds every
+/// append. A commit that saw an appended folio but not its size lost the append this way.
+#[test]
+fn appends_racing_syncs_all_reach_the_store() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let path = Path::from("w/appends.bin");
+    let cache = cache();
+    let create = ObjectOptions {
+        create: true,
+        ..ObjectOptions::default()
+    };
+    let file = cache
+        .open_object_in(Arc::clone(&store), &path, &create)
+        .unwrap();
+    let rounds = 6000;
+    let piece = 700;
+    let model: Vec<u8> = bytes(11, rounds * piece);
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Each commit, then its clean pages dropped: a folio a commit cut short and left
+            // clean is gone from the cache, and the store must have all of it.
+            while !done.load(Ordering::Acquire) {
+                file.sync().unwrap();
+                file.file().drop_cached(0, 0);
+            }
+        });
+        for k in 0..rounds {
+            let at = k * piece;
+            file.write_at(&model[at..at + piece], at as u64).unwrap();
+        }
+        done.store(true, Ordering::Release);
+    });
+    file.sync().unwrap();
+    file.file().drop_cached(0, 0);
+    file.sync().unwrap();
+    assert_eq!(file.size(), model.len() as u64);
+    assert!(
+        stored(&store, &path) == model,
+        "an append is missing from the store"
+    );
+    assert!(read_all(&file) == model);
+}
+
+/// A truncation discarded with the rest of the changes leaves the object as it was (the
+/// discard must not commit the size it drops).
+#[test]
+fn discarding_a_truncation_leaves_the_object_alone() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let path = Path::from("w/cut.bin");
+    let data = bytes(4, 200_000);
+    put(&store, &path, data.clone());
+    let cache = cache();
+    let file = cache
+        .open_object_in(
+            Arc::clone(&store),
+            &path,
+            &writable(ObjectOptions::default()),
+        )
+        .unwrap();
+    file.set_len(1000).unwrap();
+    let mut buf = vec![0u8; 10];
+    assert_eq!(file.handle().read_at(&mut buf, 999).unwrap(), 1);
+    assert!(file.holds_changes());
+    file.discard_changes().unwrap();
+    assert!(!file.holds_changes());
+    assert_eq!(file.backend().stats().commits, 0);
+    assert_eq!(stored(&store, &path), data);
+    assert_eq!(read_all(&file), data);
+    file.sync().unwrap();
+    assert_eq!(file.backend().stats().commits, 0);
+}
+
+/// Under `WritebackErrorPolicy::Discard` a failed commit drops the new bytes (as the kernel
+/// drops pages whose writeback failed): they are not left clean, where the next commit would
+/// take them for storage's and upload them after all.
+#[test]
+fn a_failed_commit_under_the_discard_policy_drops_the_data() {
+    let flaky = Arc::new(Flaky {
+        inner: InMemory::new(),
+        failing: AtomicU32::new(0),
+    });
+    let store: Arc<dyn ObjectStore> = Arc::clone(&flaky) as Arc<dyn ObjectStore>;
+    let path = Path::from("w/discard.bin");
+    let original = bytes(6, 100_000);
+    put(&store, &path, original.clone());
+    let policy = foliocache::Policy {
+        writeback_error: foliocache::WritebackErrorPolicy::Discard,
+        ..foliocache::Policy::default()
+    };
+    let cache = foliocache::Cache::builder()
+        .capacity(64 << 20)
+        .policy(policy)
+        .build()
+        .unwrap();
+    let file = cache
+        .open_object_in(
+            Arc::clone(&store),
+            &path,
+            &writable(ObjectOptions::default()),
+        )
+        .unwrap();
+    file.write_at(b"lost", 50_000).unwrap();
+    flaky.failing.store(1, Ordering::Release);
+    assert!(file.sync().is_err());
+    assert!(!file.holds_changes());
+    // Another change, committed: the object has it and not the dropped one.
+    file.write_at(b"kept", 10).unwrap();
+    file.sync().unwrap();
+    let mut want = original;
+    want[10..14].copy_from_slice(b"kept");
+    assert_eq!(stored(&store, &path), want);
+    assert_eq!(read_all(&file), want);
 }

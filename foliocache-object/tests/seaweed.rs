@@ -487,7 +487,7 @@ fn writes_are_synced_to_the_store_and_read_back_by_another_client() {
         stored(&store, "w/large") == large,
         "the large object differs"
     );
-    // Read back through the cache as well (the pages kept, and the rest at the new version).
+    // Read back through another file of the cache as well (from the store, at the new version).
     let again = cache
         .open_object_in(Arc::clone(&store), &Path::from("w/large"), &options())
         .unwrap();

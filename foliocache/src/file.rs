@@ -292,6 +292,10 @@ impl File {
     /// return the old bytes, or a mix of old and new pages. A change is seen through the size
     /// and the modification and change times; a rewrite that keeps the size within one tick of
     /// the file system's clock is missed. A memory file never changes behind the cache.
+    ///
+    /// A file of a [`WriteBackend`](crate::WriteBackend) (an object) that holds changes not
+    /// yet committed keeps its version: if storage changed, that is a conflict, returned as
+    /// [`Error::Io`] with `ESTALE`, and nothing is dropped.
     pub fn revalidate(&self) -> Result<Revalidated, Error> {
         match &self.repr {
             Repr::Local { inner, .. } => inner.revalidate(),

@@ -177,6 +177,19 @@ impl Inode {
         if *last == Some(now) {
             return Ok(unchanged(self.mapping.size()));
         }
+        if let Some(writer) = &disk.writer
+            && (self.mapping.dirty_pages() + self.mapping.writeback_pages() > 0 || writer.resized())
+        {
+            // Changes not yet committed were made on the version in the cache: taking another
+            // one under them would commit them over the other writer's (a page written in
+            // part holds the old version's bytes around the write). A conflict, left as it is
+            // until the changes are committed or discarded.
+            return Err(Error::Io {
+                offset: 0,
+                len: 0,
+                source: std::io::Error::from_raw_os_error(libc::ESTALE),
+            });
+        }
         *last = Some(now);
         // Data this cache holds dirty past the end on storage (appends not yet written back)
         // is newer than storage: the size it made stays.

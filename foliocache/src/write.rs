@@ -28,7 +28,7 @@ use crate::error::Error;
 use crate::inode::Inode;
 use crate::mem::{FolioRef, NewFolio, PAGE_SHIFT, flag};
 use crate::memfile::end_of;
-use crate::writeback::write_back;
+use crate::writeback::{write_back, write_back_holding_changes};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -294,20 +294,11 @@ impl Inode {
             return Err(Error::FileTooLarge { offset: len });
         }
         let disk = self.disk().ok_or(Error::NotADiskFile)?;
-        // Where the size is set: the descriptor (at once), or the next commit.
-        let set_storage_size = |len| -> Result<(), Error> {
-            match (&disk.writer, &disk.direct) {
-                (Some(writer), _) => {
-                    writer.set_size(len);
-                    Ok(())
-                }
-                (None, Some(direct)) => direct.set_size(len),
-                (None, None) => Err(Error::ReadOnly),
-            }
-        };
-        if disk.writer.is_none() && disk.direct.is_none() {
-            return Err(Error::ReadOnly);
+        if let Some(writer) = &disk.writer {
+            return self.commit_set_len(&**writer, len);
         }
+        let direct = disk.direct.as_ref().ok_or(Error::ReadOnly)?;
+        let set_storage_size = |len| direct.set_size(len);
         let _changing = self.lock_changes();
         let size = self.mapping.size();
         if len < size
@@ -320,7 +311,7 @@ impl Inode {
             let first = folio.index();
             let last = first + folio.nr_pages() as u64 - 1;
             drop(folio);
-            write_back(self, first, last, crate::writeback::SyncMode::All)?;
+            write_back_holding_changes(self, first, last, crate::writeback::SyncMode::All)?;
         }
         let _no_pass = disk.wb.pass_lock();
         self.own_change(|| {
@@ -337,6 +328,71 @@ impl Inode {
             }
             Ok(())
         })
+    }
+
+    /// [`disk_set_len`](Self::disk_set_len) of a file whose backend takes whole-file commits:
+    /// nothing reaches storage before the next commit. Shrinking keeps the folio holding the
+    /// new end if it is dirty, as a copy with its bytes past the end zeroed (committing it
+    /// first, as a disk file writes it back, would upload an in-between version, and drop it
+    /// even if the upload failed); every folio after it is dropped, dirty ones with their data.
+    /// Reads past the new end give zeros until the commit (`WriteBackend::set_size`).
+    fn commit_set_len(
+        self: &Arc<Self>,
+        writer: &dyn crate::io::WriteBackend,
+        len: u64,
+    ) -> Result<(), Error> {
+        let disk = self.disk().ok_or(Error::NotADiskFile)?;
+        let _changing = self.lock_changes();
+        let size = self.mapping.size();
+        if len >= size {
+            if len > size {
+                writer.set_size(len);
+                self.mapping.set_size(len);
+            }
+            return Ok(());
+        }
+        // Readers check the size before they look at pages: publish it first.
+        self.mapping.set_size(len);
+        writer.set_size(len);
+        // Pages from here on are dropped; past the kept folio if there is one.
+        let mut keep_from = len >> PAGE_SHIFT;
+        loop {
+            let Some(folio) = self.mapping.lookup(len >> PAGE_SHIFT) else {
+                break;
+            };
+            let first = folio.index() << PAGE_SHIFT;
+            if first >= len || !folio.is_dirty() {
+                break; // dropped below (a clean one's bytes below `len` are storage's)
+            }
+            if folio.is_writeback() {
+                folio.wait_writeback();
+                continue;
+            }
+            let mut copy = self.alloc_waiting(folio.order())?;
+            let bytes = copy.bytes_mut();
+            bytes.copy_from_slice(folio.bytes().expect("a dirty folio is uptodate"));
+            bytes[(len - first) as usize..].fill(0);
+            copy.mark_uptodate();
+            match self.mapping.replace_dirty(&folio, copy) {
+                Ok(new) => {
+                    self.core
+                        .reclaim
+                        .add_inserted(&self.core.mem, &[(new.id(), None)]);
+                    keep_from = folio.index() + folio.nr_pages() as u64;
+                    break;
+                }
+                Err(Error::FolioWriteback { .. } | Error::NotCached { .. }) => continue,
+                Err(error) => return Err(error),
+            }
+        }
+        let _no_pass = disk.wb.pass_lock();
+        if keep_from == len >> PAGE_SHIFT {
+            // The folio holding the end (clean, or none) goes with the rest; it may start
+            // before its page (a large one).
+            self.drop_pages(len >> PAGE_SHIFT, len >> PAGE_SHIFT);
+        }
+        self.mapping.truncate_unless(keep_from.., |_| false);
+        Ok(())
     }
 
     /// Punches a hole: `offset..offset + len` reads as zeros and its blocks are deallocated on
@@ -364,7 +420,7 @@ impl Inode {
             {
                 let first = folio.index();
                 let last = first + folio.nr_pages() as u64 - 1;
-                write_back(self, first, last, crate::writeback::SyncMode::All)?;
+                write_back_holding_changes(self, first, last, crate::writeback::SyncMode::All)?;
             }
         }
         let _no_pass = disk.wb.pass_lock();
@@ -399,7 +455,7 @@ impl Inode {
         let first = folio.index();
         let last = first + folio.nr_pages() as u64 - 1;
         if folio.is_dirty() {
-            write_back(self, first, last, crate::writeback::SyncMode::All)?;
+            write_back_holding_changes(self, first, last, crate::writeback::SyncMode::All)?;
         }
         self.drop_clean(folio);
         Ok(())

@@ -239,6 +239,28 @@ pub(crate) fn write_back(
     write_back_to(inode, first, last, mode, Target::Storage)
 }
 
+/// [`write_back`] by a caller that holds the file's change lock (a write, a truncation).
+pub(crate) fn write_back_holding_changes(
+    inode: &Arc<Inode>,
+    first: u64,
+    last: u64,
+    mode: SyncMode,
+) -> Result<Outcome, Error> {
+    if let Some(disk) = inode.disk()
+        && let Some(writer) = &disk.writer
+    {
+        return Ok(commit(inode, disk, &**writer, ChangeLock::Held));
+    }
+    write_back(inode, first, last, mode)
+}
+
+/// Whether a commit's caller holds the file's change lock already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChangeLock {
+    Take,
+    Held,
+}
+
 /// Where a writeback pass writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Target {
@@ -261,7 +283,7 @@ pub(crate) fn write_back_to(
         return Ok(Outcome::default());
     };
     if let Some(writer) = &disk.writer {
-        return Ok(commit(inode, disk, &**writer));
+        return Ok(commit(inode, disk, &**writer, ChangeLock::Take));
     }
     let Some(direct) = &disk.direct else {
         return Ok(Outcome::default()); // a custom backend: read only, never dirty
@@ -380,14 +402,21 @@ fn pass(
 /// A pass over a file whose backend takes whole-file commits ([`WriteBackend`]): every dirty
 /// folio of the file goes under writeback, the backend puts the new version on storage, and
 /// the folios end their writeback together, clean if the commit succeeded (dirty again under
-/// `KeepDirty` if not). Whatever range or budget the caller gave, the pass commits the whole
+/// `KeepDirty` if not, dropped under `Discard`). Whatever range or budget the caller gave, the pass commits the whole
 /// file: a version of it is all storage takes.
 fn commit(
     inode: &Arc<Inode>,
     disk: &crate::inode::DiskSource,
     writer: &dyn WriteBackend,
+    lock: ChangeLock,
 ) -> Outcome {
     let mapping = &inode.mapping;
+    // The change lock (before the pass lock, the order every path takes them in) while the
+    // folios go under writeback and the size is read: a write puts its folio in dirty before
+    // it raises the size, so without the lock this version could have an appended folio but
+    // not the size that holds it. Released before the upload: writers then wait only for the
+    // folios under writeback (they copy the others).
+    let changing = (lock == ChangeLock::Take).then(|| inode.lock_changes());
     let _one_pass = disk.wb.pass_lock();
     if mapping.dirty_pages() == 0 && !writer.resized() {
         disk.wb
@@ -406,9 +435,8 @@ fn commit(
         }
     }
     crate::inject::kill::point("writeback");
-    // Writers wait for folios under writeback and take the change lock to set the size: the
-    // size read here with every dirty folio under writeback is the one this version has.
     let size = mapping.size();
+    drop(changing);
     // The clean folios too, referenced for the commit: their bytes are storage's, and never
     // change (a write replaces a folio, it does not change it), so the backend need not
     // fetch them again. Those under writeback are the ones taken above.
@@ -425,11 +453,20 @@ fn commit(
         dirty: pieces(&folios, size),
         clean: pieces(&clean, size),
     };
-    let result = writer.commit(&changes);
+    // A backend that panics must not leave the folios under writeback for ever (writers of
+    // them would wait for ever): they end as after a failed commit, then the panic goes on.
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.commit(&changes)));
     drop(changes);
     drop(clean);
-    let redirty =
-        result.is_err() && inode.policy.writeback_error == WritebackErrorPolicy::KeepDirty;
+    let (result, panic) = match result {
+        Ok(result) => (result, None),
+        Err(panic) => (
+            Err(std::io::Error::from_raw_os_error(libc::EIO)),
+            Some(panic),
+        ),
+    };
+    let keep = inode.policy.writeback_error == WritebackErrorPolicy::KeepDirty;
+    let redirty = result.is_err() && keep;
     match &result {
         Ok(()) => inode.committed(writer.stamp().ok().flatten()),
         Err(error) => {
@@ -446,12 +483,26 @@ fn commit(
         pages += folio.nr_pages() as u64;
         mapping.end_writeback(folio, redirty);
     }
+    if result.is_err() && !keep {
+        // `Discard`: the data is dropped. Left clean, a later commit would take these bytes
+        // for storage's and upload them after all, beside pages it fetches without them.
+        for folio in &folios {
+            let first = folio.index();
+            let last = first + folio.nr_pages() as u64 - 1;
+            mapping.truncate_unless(first..=last, |flags| {
+                flags & (crate::mem::flag::DIRTY | crate::mem::flag::WRITEBACK) != 0
+            });
+        }
+    }
     drop(folios);
     disk.wb
         .written_pages
         .fetch_add(pages, std::sync::atomic::Ordering::Relaxed);
     inode.core.writeback_done(pages);
     disk.wb.clear_dirtied_if(|| mapping.dirty_pages() == 0);
+    if let Some(panic) = panic {
+        std::panic::resume_unwind(panic);
+    }
     Outcome { pages }
 }
 
