@@ -489,6 +489,14 @@ impl Backend for ObjectBackend {
         format!("object {} in {}", self.path, self.link.store)
     }
 
+    fn revalidated(&self) {
+        // Called with nothing held (the core refuses a new version under changes): a
+        // conflict seen before is over with the version that caused it pinned.
+        if self.adopt_last_head() {
+            self.conflicted.store(false, Ordering::Release);
+        }
+    }
+
     fn stamp(&self) -> io::Result<Option<FileStamp>> {
         if self.fresh.swap(false, Ordering::AcqRel) {
             return Ok(Some(lock(&self.last_head).stamp()));

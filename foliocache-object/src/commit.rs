@@ -88,6 +88,10 @@ impl WriteBackend for ObjectBackend {
         self.resized.load(Ordering::Acquire)
     }
 
+    fn discard(&self) {
+        self.forget_changes();
+    }
+
     fn commit(&self, changes: &Changes<'_>) -> io::Result<()> {
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
         let outcome = if self.conflicted.load(Ordering::Acquire) {

@@ -85,10 +85,9 @@ impl ObjectFile {
     /// next sync fails the same way), which [`discard_changes`](Self::discard_changes) ends.
     /// The core checks this under the file's change lock, so a write cannot slip in between.
     pub fn revalidate(&self) -> Result<Revalidated, Error> {
-        let revalidated = self.file.revalidate()?;
-        // After the drop, never before (see `ObjectBackend::adopt_last_head`).
-        self.backend.adopt_last_head();
-        Ok(revalidated)
+        // The new version is pinned by the core, under the file's locks, after the drop
+        // (`Backend::revalidated`, see `ObjectBackend::adopt_last_head`).
+        self.file.revalidate()
     }
 
     /// Whether the file holds changes not yet committed (dirty pages, a commit under way, a
@@ -123,8 +122,8 @@ impl ObjectFile {
     /// Drops the changes not yet committed and reads the object as the store has it now
     /// (how a conflict ends). Returns the pages of changes dropped.
     pub fn discard_changes(&self) -> Result<u64, Error> {
-        // First, so that no commit (the flusher's) takes the size change for one to upload.
-        self.backend.forget_changes();
+        // The core drops the changes (a size change too, `WriteBackend::discard`) under the
+        // file's locks, so no commit can take them meanwhile.
         let dropped = self.file.discard_dirty(libc::ECANCELED);
         // The discard is recorded as an error (`ECANCELED`) for the handles that were open
         // (their writes are gone); the caller asked for it, so it is seen here (a handle's
@@ -137,7 +136,6 @@ impl ObjectFile {
         }
         // The size and pages as the store has them: looked at again whatever the stamp says.
         self.file.changed_outside()?;
-        self.backend.adopt_last_head();
         Ok(dropped)
     }
 }

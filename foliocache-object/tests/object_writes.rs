@@ -693,3 +693,53 @@ fn a_failed_commit_under_the_discard_policy_drops_the_data() {
     assert_eq!(stored(&store, &path), want);
     assert_eq!(read_all(&file), want);
 }
+
+/// A writer that dirties more than the cache lets stay dirty is throttled (under the file's
+/// change lock, as every writer is) until the flusher cleans pages; for an object file that
+/// is a commit, which must not wait for that lock. Several times the dirty limit, written in
+/// 1 MiB writes, then synced and checked against the store.
+#[test]
+fn a_writer_past_the_dirty_limit_is_cleaned_by_the_flusher() {
+    let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+    let path = Path::from("w/throttled.bin");
+    let cache = foliocache::Cache::builder()
+        .capacity(32 << 20)
+        .dirty_ratio(0.2)
+        .build()
+        .unwrap();
+    let create = ObjectOptions {
+        create: true,
+        ..ObjectOptions::default()
+    };
+    let file = cache
+        .open_object_in(Arc::clone(&store), &path, &create)
+        .unwrap();
+    let data = bytes(12, 24 << 20);
+    let (done, finished) = std::sync::mpsc::channel();
+    // A thread of its own (not scoped): if it is stuck, the test fails instead of hanging.
+    let writer = {
+        let (file, data) = (file.clone(), data.clone());
+        std::thread::spawn(move || {
+            for (k, chunk) in data.chunks(1 << 20).enumerate() {
+                file.write_at(chunk, (k << 20) as u64).unwrap();
+            }
+            file.sync().unwrap();
+            let _ = done.send(());
+        })
+    };
+    if finished
+        .recv_timeout(std::time::Duration::from_secs(120))
+        .is_err()
+    {
+        // Left as they are: dropping the cache would wait for the stuck writer.
+        std::mem::forget(file);
+        std::mem::forget(cache);
+        panic!("the writer is stuck: its pages were never committed");
+    }
+    writer.join().unwrap();
+    assert!(
+        file.backend().stats().commits > 1,
+        "the flusher committed nothing"
+    );
+    assert!(stored(&store, &path) == data);
+}

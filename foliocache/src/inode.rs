@@ -24,6 +24,12 @@ pub(crate) struct Inode {
     /// Serialises changes (writes, truncation, hole punching, fallocate): the kernel's
     /// `i_rwsem`. Readers never take it.
     write_lock: Mutex<()>,
+    /// For a file of whole-file commits: held by a write from putting a folio in to raising
+    /// the size, by a truncation while it changes the size, and by a commit while it takes
+    /// the dirty folios and the size (so that a version's size covers its folios). Short: no
+    /// one waits for memory or I/O under it, so a writer throttled under the change lock does
+    /// not keep the flusher's commit of the same file out.
+    size_lock: Mutex<()>,
     /// Where the bytes come from: `None` for a memory file.
     source: Option<DiskSource>,
     /// Keeps the cache (and so the arena the mapping's folios live in) alive.
@@ -69,6 +75,7 @@ impl Inode {
             policy: core.policy,
             max_order,
             write_lock: Mutex::new(()),
+            size_lock: Mutex::new(()),
             source: None,
             core: Arc::clone(core),
         })
@@ -100,6 +107,7 @@ impl Inode {
             policy,
             max_order,
             write_lock: Mutex::new(()),
+            size_lock: Mutex::new(()),
             source: Some(DiskSource {
                 backend,
                 io: Arc::default(),
@@ -203,6 +211,7 @@ impl Inode {
         let dropped = self
             .mapping
             .truncate_unless(.., |flags| flags & (flag::DIRTY | flag::WRITEBACK) != 0);
+        disk.backend.revalidated();
         Ok(Revalidated {
             changed: true,
             size,
@@ -297,13 +306,27 @@ impl Inode {
         let Some(disk) = self.disk() else { return 0 };
         let _changing = self.lock_changes();
         let _no_pass = disk.wb.pass_lock();
-        if self.mapping.dirty_pages() == 0 {
+        let resized = disk.writer.as_ref().is_some_and(|writer| writer.resized());
+        if self.mapping.dirty_pages() == 0 && !resized {
             return 0;
         }
-        disk.wb.errors.set(errno);
-        let dropped = self
-            .mapping
-            .truncate_unless(.., |flags| flags & flag::DIRTY == 0);
+        let dropped = if self.mapping.dirty_pages() > 0 {
+            disk.wb.errors.set(errno);
+            self.mapping
+                .truncate_unless(.., |flags| flags & flag::DIRTY == 0)
+        } else {
+            0
+        };
+        if let Some(writer) = &disk.writer {
+            // Nothing of the changes is left: the file is the version on storage again, its
+            // size included (pages past that size, zeros read where it had grown, go).
+            writer.discard();
+            let _sizing = self.lock_size();
+            let size = disk.backend.size();
+            self.mapping.set_size(size);
+            self.mapping
+                .truncate_unless(size.div_ceil(crate::mem::PAGE_SIZE as u64).., |_| false);
+        }
         disk.wb.clear_dirtied_if(|| self.mapping.dirty_pages() == 0);
         dropped
     }
@@ -385,6 +408,21 @@ impl Inode {
                 .unwrap_or_else(PoisonError::into_inner),
             _order: order,
         }
+    }
+}
+
+impl Inode {
+    /// Takes the file's size lock (see `size_lock`), for a file of whole-file commits only
+    /// (`None` for any other: its writeback needs no snapshot of the size).
+    pub(crate) fn lock_size(&self) -> Option<order::Ordered<MutexGuard<'_, ()>>> {
+        let disk = self.disk()?;
+        disk.writer.as_ref()?;
+        let order = order::taking(Rank::Size);
+        let guard = self
+            .size_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Some(order::Ordered::new(guard, order))
     }
 }
 

@@ -177,6 +177,8 @@ pub(crate) mod order {
         Change,
         /// A file's writeback pass lock (`WbState::pass_lock`, `I_SYNC`).
         Pass,
+        /// A whole-file-commit file's size lock (`Inode::lock_size`).
+        Size,
         /// One eviction scan at a time (`Reclaim::evict`).
         ReclaimScan,
         /// The io_uring submission queue.
@@ -230,11 +232,12 @@ pub(crate) mod order {
     impl Rank {
         /// The ranks' names, by number.
         #[cfg(all(debug_assertions, not(loom)))]
-        const NAMES: [&'static str; 16] = [
+        const NAMES: [&'static str; 17] = [
             "",
             "FileTable",
             "Change",
             "Pass",
+            "Size",
             "ReclaimScan",
             "Submit",
             "DirtyState",

@@ -28,7 +28,7 @@ use crate::error::Error;
 use crate::inode::Inode;
 use crate::mem::{FolioRef, NewFolio, PAGE_SHIFT, flag};
 use crate::memfile::end_of;
-use crate::writeback::{write_back, write_back_holding_changes};
+use crate::writeback::write_back;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,9 +56,6 @@ impl Inode {
             };
             if let Some(next) = written {
                 at = next;
-                if at > self.mapping.size() {
-                    self.mapping.set_size(at);
-                }
                 // Before the next throttle: the flusher must know the file to write it.
                 self.note_dirty();
             }
@@ -116,8 +113,11 @@ impl Inode {
         let hi = (piece_end - first) as usize;
         bytes[lo..hi].copy_from_slice(&data[(at - pos) as usize..(piece_end - pos) as usize]);
         new.mark_uptodate();
+        // The folio and the size it needs go in together for a commit (see `lock_size`).
+        let _size = self.lock_size();
         match self.mapping.replace_dirty(folio, new) {
             Ok(new) => {
+                self.raise_size(piece_end);
                 self.core
                     .reclaim
                     .add_inserted(&self.core.mem, &[(new.id(), None)]);
@@ -193,8 +193,10 @@ impl Inode {
         let hi = (piece_end - first) as usize;
         bytes[lo..hi].copy_from_slice(&data[(at - pos) as usize..(piece_end - pos) as usize]);
         folio.mark_uptodate();
+        let _size = self.lock_size();
         match self.mapping.add_dirty_folio(folio, start) {
             Ok((new, shadow)) => {
+                self.raise_size(piece_end);
                 self.core
                     .reclaim
                     .add_inserted(&self.core.mem, &[(new.id(), shadow)]);
@@ -203,6 +205,14 @@ impl Inode {
             // Someone cached a folio there meanwhile (readahead): try again with it.
             Err(Error::Exists { .. }) => Ok(None),
             Err(error) => Err(error),
+        }
+    }
+
+    /// After a piece went in up to `end`: the file is at least that long. A reader that sees
+    /// the new size sees the folio (it went in first).
+    fn raise_size(&self, end: u64) {
+        if end > self.mapping.size() {
+            self.mapping.set_size(end);
         }
     }
 
@@ -234,6 +244,7 @@ impl Inode {
                 len: bytes.len() as u64,
                 source,
             })?;
+        self.raise_size(piece_end);
         Ok(Some(piece_end))
     }
 
@@ -311,7 +322,7 @@ impl Inode {
             let first = folio.index();
             let last = first + folio.nr_pages() as u64 - 1;
             drop(folio);
-            write_back_holding_changes(self, first, last, crate::writeback::SyncMode::All)?;
+            write_back(self, first, last, crate::writeback::SyncMode::All)?;
         }
         let _no_pass = disk.wb.pass_lock();
         self.own_change(|| {
@@ -343,54 +354,60 @@ impl Inode {
     ) -> Result<(), Error> {
         let disk = self.disk().ok_or(Error::NotADiskFile)?;
         let _changing = self.lock_changes();
+        // No commit under way while the size changes: one that took the old size would end
+        // by forgetting this change (`WriteBackend::commit` leaves the backend at the version
+        // it made). A truncation waits for an upload in flight. Under the pass lock no folio
+        // is under writeback, so dirty is dirty.
+        let _no_pass = disk.wb.pass_lock();
         let size = self.mapping.size();
         if len >= size {
             if len > size {
+                let _sizing = self.lock_size();
                 writer.set_size(len);
                 self.mapping.set_size(len);
             }
             return Ok(());
         }
-        // Readers check the size before they look at pages: publish it first.
-        self.mapping.set_size(len);
-        writer.set_size(len);
-        // Pages from here on are dropped; past the kept folio if there is one.
-        let mut keep_from = len >> PAGE_SHIFT;
-        loop {
-            let Some(folio) = self.mapping.lookup(len >> PAGE_SHIFT) else {
-                break;
-            };
+        // The dirty folio holding the new end, copied with its bytes past the end zeroed,
+        // before anything changes: a copy that cannot be had leaves the file as it was. (It
+        // may wait for memory: at most `MEMORY_WAIT` if this file's own dirty data fills the
+        // cache, its commit waiting for this pass lock; then `Error::NoSpace`.)
+        let mut kept = None;
+        if let Some(folio) = self.mapping.lookup(len >> PAGE_SHIFT) {
             let first = folio.index() << PAGE_SHIFT;
-            if first >= len || !folio.is_dirty() {
-                break; // dropped below (a clean one's bytes below `len` are storage's)
-            }
-            if folio.is_writeback() {
-                folio.wait_writeback();
-                continue;
-            }
-            let mut copy = self.alloc_waiting(folio.order())?;
-            let bytes = copy.bytes_mut();
-            bytes.copy_from_slice(folio.bytes().expect("a dirty folio is uptodate"));
-            bytes[(len - first) as usize..].fill(0);
-            copy.mark_uptodate();
-            match self.mapping.replace_dirty(&folio, copy) {
-                Ok(new) => {
-                    self.core
-                        .reclaim
-                        .add_inserted(&self.core.mem, &[(new.id(), None)]);
-                    keep_from = folio.index() + folio.nr_pages() as u64;
-                    break;
-                }
-                Err(Error::FolioWriteback { .. } | Error::NotCached { .. }) => continue,
-                Err(error) => return Err(error),
+            if first < len && folio.is_dirty() {
+                let mut copy = self.alloc_waiting(folio.order())?;
+                let bytes = copy.bytes_mut();
+                bytes.copy_from_slice(folio.bytes().expect("a dirty folio is uptodate"));
+                bytes[(len - first) as usize..].fill(0);
+                copy.mark_uptodate();
+                kept = Some((folio, copy));
             }
         }
-        let _no_pass = disk.wb.pass_lock();
-        if keep_from == len >> PAGE_SHIFT {
-            // The folio holding the end (clean, or none) goes with the rest; it may start
-            // before its page (a large one).
-            self.drop_pages(len >> PAGE_SHIFT, len >> PAGE_SHIFT);
+        {
+            // Readers check the size before they look at pages: published first. A commit
+            // sees the size and the backend's limit change together.
+            let _sizing = self.lock_size();
+            self.mapping.set_size(len);
+            writer.set_size(len);
         }
+        let keep_from = match kept {
+            Some((folio, copy)) => {
+                // Neither a writer (change lock) nor a commit (pass lock) can change it now.
+                let new = self.mapping.replace_dirty(&folio, copy)?;
+                self.core
+                    .reclaim
+                    .add_inserted(&self.core.mem, &[(new.id(), None)]);
+                folio.index() + folio.nr_pages() as u64
+            }
+            None => {
+                // The folio holding the end (clean, or none) goes with the rest; it may start
+                // before its page (a large one). A clean one's bytes below the end are the
+                // version on storage's, read again from there.
+                self.drop_pages(len >> PAGE_SHIFT, len >> PAGE_SHIFT);
+                len >> PAGE_SHIFT
+            }
+        };
         self.mapping.truncate_unless(keep_from.., |_| false);
         Ok(())
     }
@@ -420,7 +437,7 @@ impl Inode {
             {
                 let first = folio.index();
                 let last = first + folio.nr_pages() as u64 - 1;
-                write_back_holding_changes(self, first, last, crate::writeback::SyncMode::All)?;
+                write_back(self, first, last, crate::writeback::SyncMode::All)?;
             }
         }
         let _no_pass = disk.wb.pass_lock();
@@ -455,7 +472,7 @@ impl Inode {
         let first = folio.index();
         let last = first + folio.nr_pages() as u64 - 1;
         if folio.is_dirty() {
-            write_back_holding_changes(self, first, last, crate::writeback::SyncMode::All)?;
+            write_back(self, first, last, crate::writeback::SyncMode::All)?;
         }
         self.drop_clean(folio);
         Ok(())

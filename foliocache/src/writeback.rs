@@ -239,28 +239,6 @@ pub(crate) fn write_back(
     write_back_to(inode, first, last, mode, Target::Storage)
 }
 
-/// [`write_back`] by a caller that holds the file's change lock (a write, a truncation).
-pub(crate) fn write_back_holding_changes(
-    inode: &Arc<Inode>,
-    first: u64,
-    last: u64,
-    mode: SyncMode,
-) -> Result<Outcome, Error> {
-    if let Some(disk) = inode.disk()
-        && let Some(writer) = &disk.writer
-    {
-        return Ok(commit(inode, disk, &**writer, ChangeLock::Held));
-    }
-    write_back(inode, first, last, mode)
-}
-
-/// Whether a commit's caller holds the file's change lock already.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ChangeLock {
-    Take,
-    Held,
-}
-
 /// Where a writeback pass writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Target {
@@ -283,7 +261,7 @@ pub(crate) fn write_back_to(
         return Ok(Outcome::default());
     };
     if let Some(writer) = &disk.writer {
-        return Ok(commit(inode, disk, &**writer, ChangeLock::Take));
+        return Ok(commit(inode, disk, &**writer));
     }
     let Some(direct) = &disk.direct else {
         return Ok(Outcome::default()); // a custom backend: read only, never dirty
@@ -408,16 +386,14 @@ fn commit(
     inode: &Arc<Inode>,
     disk: &crate::inode::DiskSource,
     writer: &dyn WriteBackend,
-    lock: ChangeLock,
 ) -> Outcome {
     let mapping = &inode.mapping;
-    // The change lock (before the pass lock, the order every path takes them in) while the
-    // folios go under writeback and the size is read: a write puts its folio in dirty before
-    // it raises the size, so without the lock this version could have an appended folio but
-    // not the size that holds it. Released before the upload: writers then wait only for the
-    // folios under writeback (they copy the others).
-    let changing = (lock == ChangeLock::Take).then(|| inode.lock_changes());
-    let _one_pass = disk.wb.pass_lock();
+    // The size lock while the folios go under writeback and the size is read: a write puts
+    // its folio in dirty before it raises the size, so without it this version could hold an
+    // appended folio but not the size that covers it. Not the change lock: a writer holds
+    // that while it is throttled, waiting for this very commit to clean its pages.
+    let one_pass = disk.wb.pass_lock();
+    let sizing = inode.lock_size();
     if mapping.dirty_pages() == 0 && !writer.resized() {
         disk.wb
             .clear_dirtied_if(|| inode.mapping.dirty_pages() == 0);
@@ -436,7 +412,7 @@ fn commit(
     }
     crate::inject::kill::point("writeback");
     let size = mapping.size();
-    drop(changing);
+    drop(sizing);
     // The clean folios too, referenced for the commit: their bytes are storage's, and never
     // change (a write replaces a folio, it does not change it), so the backend need not
     // fetch them again. Those under writeback are the ones taken above.
@@ -454,17 +430,13 @@ fn commit(
         clean: pieces(&clean, size),
     };
     // A backend that panics must not leave the folios under writeback for ever (writers of
-    // them would wait for ever): they end as after a failed commit, then the panic goes on.
+    // them would wait for ever): they end as after a failed commit.
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.commit(&changes)));
     drop(changes);
     drop(clean);
-    let (result, panic) = match result {
-        Ok(result) => (result, None),
-        Err(panic) => (
-            Err(std::io::Error::from_raw_os_error(libc::EIO)),
-            Some(panic),
-        ),
-    };
+    // A panic is taken as a failed commit and not resumed: the caller may be the flusher
+    // (which would stop for every file) or a file's last holder letting go in a drop.
+    let result = result.unwrap_or_else(|_| Err(std::io::Error::from_raw_os_error(libc::EIO)));
     let keep = inode.policy.writeback_error == WritebackErrorPolicy::KeepDirty;
     let redirty = result.is_err() && keep;
     match &result {
@@ -500,9 +472,7 @@ fn commit(
         .fetch_add(pages, std::sync::atomic::Ordering::Relaxed);
     inode.core.writeback_done(pages);
     disk.wb.clear_dirtied_if(|| mapping.dirty_pages() == 0);
-    if let Some(panic) = panic {
-        std::panic::resume_unwind(panic);
-    }
+    drop(one_pass);
     Outcome { pages }
 }
 

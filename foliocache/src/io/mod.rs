@@ -79,6 +79,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn stamp(&self) -> io::Result<Option<FileStamp>> {
         Ok(None)
     }
+
+    /// Called by [`File::revalidate`](crate::File::revalidate) when it found the file changed,
+    /// under the file's locks, after the cached pages of the old version were dropped and the
+    /// new size taken: a backend pinned to one version takes the one [`stamp`](Self::stamp)
+    /// just saw (no page of the old version is left to sit beside the new one's, and no
+    /// change can land in between). The default does nothing.
+    fn revalidated(&self) {}
 }
 
 /// A backend whose file can be written too, and whose storage takes a file's changes all at
@@ -102,6 +109,12 @@ pub trait WriteBackend: Backend {
     /// Whether a change made without dirtying a folio (a [`set_size`](Self::set_size)) waits
     /// for the next commit.
     fn resized(&self) -> bool;
+
+    /// The file's changes not yet committed were dropped
+    /// ([`File::discard_dirty`](crate::File::discard_dirty)): forget what waits for a commit
+    /// (a size change). Called under the file's locks, with no commit under way; afterwards
+    /// [`size`](Backend::size) is the version on storage's.
+    fn discard(&self);
 
     /// Puts the file described by `changes` on storage as its new version: the dirty bytes
     /// where `changes` has them, storage's bytes elsewhere (zeros past [`size`](Backend::size)).

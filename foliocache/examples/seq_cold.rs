@@ -1,0 +1,108 @@
+//! Cold sequential reads for profiling (readseq's `foliocache/large-folios` or `batched` and
+//! `kernel` systems, without the benchmark around them):
+//! `cargo run --release --example seq_cold -- <cache|kernel> <dir> <passes> [max order]`.
+//! Two threads each read their own 256 MiB file in `dir` (made on first use) in 8 KiB records,
+//! from a cold cache every pass (foliocache's emptied, the kernel's dropped with
+//! `POSIX_FADV_DONTNEED`); prints the process's CPU seconds per GiB read over the passes.
+//! Under `perf record -e cpu-clock`, the main thread is the setup (the arena's prefault) and the
+//! emptying between passes: leave it out (`perf report --tid`) to see the passes alone.
+
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+const FILE: u64 = 256 << 20;
+const RECORD: usize = 8192;
+
+fn cpu_seconds() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 + t.tv_nsec as f64 / 1e9
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: seq_cold <cache|kernel> <dir> <passes> [max order 0..=9]";
+    let (Some(mode), Some(dir), Some(Ok(passes))) = (
+        args.get(1).cloned(),
+        args.get(2).map(PathBuf::from),
+        args.get(3).map(|p| p.parse::<usize>()),
+    ) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    if mode != "cache" && mode != "kernel" {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    }
+    let order: u8 = match args.get(4).map(|o| o.parse()) {
+        None => 0,
+        Some(Ok(order)) => order,
+        Some(Err(_)) => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
+    let paths: Vec<PathBuf> = (0..2).map(|t| dir.join(format!("seq-cold-{t}"))).collect();
+    for path in &paths {
+        if std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) != FILE {
+            let chunk: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + 3) as u8).collect();
+            let file = std::fs::File::create(path).expect("create a data file");
+            for at in (0..FILE).step_by(chunk.len()) {
+                file.write_all_at(&chunk, at).expect("write a data file");
+            }
+            file.sync_all().expect("sync a data file");
+        }
+    }
+    let cache = foliocache::Cache::builder()
+        .capacity(2 * FILE + (64 << 20))
+        .prefault(true)
+        .readahead_bytes(2 << 20)
+        .build()
+        .expect("cache");
+    let files: Vec<foliocache::File> = paths
+        .iter()
+        .map(|path| {
+            let options = foliocache::OpenOptions::new()
+                .shared(false)
+                .max_order(order);
+            cache
+                .open_with(path, options)
+                .expect("open through the cache")
+        })
+        .collect();
+    let plain: Vec<std::fs::File> = paths
+        .iter()
+        .map(|path| std::fs::File::open(path).expect("open"))
+        .collect();
+    let mut cpu = 0.0;
+    for _ in 0..passes {
+        for file in &files {
+            file.drop_cached(0, 0);
+        }
+        for file in &plain {
+            rustix::fs::fadvise(file, 0, None, rustix::fs::Advice::DontNeed).expect("fadvise");
+        }
+        let before = cpu_seconds();
+        std::thread::scope(|s| {
+            for (file, plain) in files.iter().zip(&plain) {
+                let through_cache = mode == "cache";
+                s.spawn(move || {
+                    let mut buf = vec![0u8; RECORD];
+                    let mut handle = file.handle();
+                    let mut at = 0;
+                    while at < FILE {
+                        let n = if through_cache {
+                            handle.read_at(&mut buf, at).expect("read")
+                        } else {
+                            plain.read_at(&mut buf, at).expect("pread")
+                        };
+                        assert_eq!(n, RECORD, "short read at {at}");
+                        at += RECORD as u64;
+                    }
+                });
+            }
+        });
+        cpu += cpu_seconds() - before;
+    }
+    let gib = passes as f64 * 2.0 * FILE as f64 / f64::from(1u32 << 30);
+    println!("{mode}: {:.3} CPU s per GiB", cpu / gib);
+}
