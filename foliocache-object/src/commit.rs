@@ -249,7 +249,7 @@ impl ObjectBackend {
             .fetch_add(size, Ordering::Relaxed);
         let meta = ObjectMeta {
             location: self.path.clone(),
-            last_modified: chrono_now(),
+            last_modified: chrono::Utc::now(),
             size,
             e_tag: result.e_tag,
             version: result.version,
@@ -448,9 +448,4 @@ impl ObjectBackend {
         // The core asks for the stamp right after the commit: the one just made, no HEAD.
         self.fresh.store(true, Ordering::Release);
     }
-}
-
-/// Now, as object metadata carries it.
-fn chrono_now() -> chrono::DateTime<chrono::Utc> {
-    chrono::Utc::now()
 }

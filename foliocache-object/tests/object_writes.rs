@@ -292,12 +292,13 @@ fn a_sync_never_overwrites_another_writers_version() {
     }
 }
 
-/// A store whose uploads fail while `failing` is above zero (each failed upload counts one
-/// down); everything else goes to the in-memory store.
-#[derive(Debug)]
+/// The in-memory store with faults: uploads fail while `failing` is above zero (each failed
+/// upload counts one down), and a `careless` one ignores the conditions of GETs and PUTs.
+#[derive(Debug, Default)]
 struct Flaky {
     inner: InMemory,
     failing: AtomicU32,
+    careless: bool,
 }
 
 impl std::fmt::Display for Flaky {
@@ -330,6 +331,11 @@ impl ObjectStore for Flaky {
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
         self.fail()?;
+        let opts = if self.careless {
+            PutOptions::default()
+        } else {
+            opts
+        };
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -347,6 +353,14 @@ impl ObjectStore for Flaky {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
+        let options = if self.careless {
+            GetOptions {
+                if_match: None,
+                ..options
+            }
+        } else {
+            options
+        };
         self.inner.get_opts(location, options).await
     }
 
@@ -379,10 +393,7 @@ impl ObjectStore for Flaky {
 /// and the next sync uploads.
 #[test]
 fn a_failed_upload_keeps_the_data_dirty_for_the_next_sync() {
-    let flaky = Arc::new(Flaky {
-        inner: InMemory::new(),
-        failing: AtomicU32::new(0),
-    });
+    let flaky = Arc::new(Flaky::default());
     let store: Arc<dyn ObjectStore> = Arc::clone(&flaky) as Arc<dyn ObjectStore>;
     let path = Path::from("w/flaky.bin");
     let original = bytes(5, 300_000);
@@ -489,76 +500,12 @@ fn created_objects_and_the_last_close() {
 /// The negative control of the conflict test: a store that ignores the conditions (`If-Match`
 /// on GETs, `PutMode::Update` on PUTs) lets the same sync overwrite the other writer's
 /// version, so the conflict test's assertions do catch an unconditional upload.
-#[derive(Debug)]
-struct Careless(InMemory);
-
-impl std::fmt::Display for Careless {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Careless({})", self.0)
-    }
-}
-
-#[async_trait]
-impl ObjectStore for Careless {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        _opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.0
-            .put_opts(location, payload, PutOptions::default())
-            .await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.0.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        let options = GetOptions {
-            if_match: None,
-            ..options
-        };
-        self.0.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.0.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.0.list(prefix)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.0.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.0.copy_opts(from, to, options).await
-    }
-}
-
 #[test]
 fn negative_control_a_store_without_conditions_lets_the_sync_overwrite() {
-    let store: Arc<dyn ObjectStore> = Arc::new(Careless(InMemory::new()));
+    let store: Arc<dyn ObjectStore> = Arc::new(Flaky {
+        careless: true,
+        ..Flaky::default()
+    });
     let path = Path::from("w/careless.bin");
     put(&store, &path, bytes(1, 1 << 20));
     let cache = cache();
@@ -657,10 +604,7 @@ fn discarding_a_truncation_leaves_the_object_alone() {
 /// take them for storage's and upload them after all.
 #[test]
 fn a_failed_commit_under_the_discard_policy_drops_the_data() {
-    let flaky = Arc::new(Flaky {
-        inner: InMemory::new(),
-        failing: AtomicU32::new(0),
-    });
+    let flaky = Arc::new(Flaky::default());
     let store: Arc<dyn ObjectStore> = Arc::clone(&flaky) as Arc<dyn ObjectStore>;
     let path = Path::from("w/discard.bin");
     let original = bytes(6, 100_000);
