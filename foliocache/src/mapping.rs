@@ -414,37 +414,45 @@ impl Mapping {
             pos >> PAGE_SHIFT,
             (pos + dst.len().max(1) as u64 - 1) >> PAGE_SHIFT
         );
-        self.counters.lookups.inc();
         let page = pos >> PAGE_SHIFT;
+        let mem = self.mem();
+        let view = mem.view();
         // Taken before the lookup: a folio found from here on is not reused until it is dropped.
-        let grace = self.mem().read_guard();
-        let mut cursor = self.index.cursor();
+        let grace = mem.read_guard();
         let mut outcome = Optimistic::Fallback;
+        let mut walks = 0;
         for _ in 0..OPTIMISTIC_TRIES {
-            let entry = cursor.load(page);
-            let Some(Entry::Folio {
+            walks += 1;
+            let Some(found) = self.index.find(page, &grace) else {
+                outcome = Optimistic::Gap;
+                break;
+            };
+            let Entry::Folio {
                 id, zeros: false, ..
-            }) = entry
+            } = found.entry
             else {
                 outcome = Optimistic::Gap;
                 break;
             };
-            let Some(peek) = self.mem().peek_begin(id) else {
+            let Some(peek) = view.peek_begin(id) else {
                 break;
             };
-            let offset = (pos - (cursor.first() << PAGE_SHIFT)) as usize;
+            let offset = (pos - (found.first << PAGE_SHIFT)) as usize;
             // The copy goes straight into `dst`: if validation fails we copy again or fall back,
             // and either overwrites it; the caller only sees it after `Data`.
-            if self.mem().peek_copy(&grace, &peek, offset, dst)
-                && cursor.reload() == entry
-                && self.mem().peek_valid(&peek)
+            if view.peek_copy(&grace, &peek, offset, dst)
+                && found.still_there()
+                && view.peek_valid(&peek)
             {
                 outcome = Optimistic::Data;
                 break;
             }
             self.counters.optimistic_retries.inc();
         }
-        self.counters.index_walks.add(cursor.walks());
+        drop(grace);
+        let shard = crate::sync::thread_slot();
+        self.counters.lookups.add_in(shard, 1);
+        self.counters.index_walks.add_in(shard, walks);
         outcome
     }
 

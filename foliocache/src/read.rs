@@ -45,6 +45,7 @@ pub const MAX_READ_RUN: usize = 1 << 30;
 static ZEROS: [u8; 2 << 20] = [0; 2 << 20];
 
 /// Reads `buf.len()` bytes at `pos` (fewer at end of file).
+#[inline]
 pub(crate) fn read_at(
     file: &Inode,
     policy: &Policy,
@@ -72,11 +73,18 @@ pub(crate) fn read_at(
             Optimistic::Fallback => {}
         }
     }
-    match policy.read {
+    read_referenced(mapping, policy.read, buf, pos);
+    Ok(len)
+}
+
+/// The read of `buf.len()` bytes at `pos` with references (the small read's optimistic path
+/// inlined into its callers, the rest here).
+#[inline(never)]
+fn read_referenced(mapping: &Mapping, policy: ReadPolicy, buf: &mut [u8], pos: u64) {
+    match policy {
         ReadPolicy::Batched => read_batched(mapping, buf, pos),
         ReadPolicy::PerFolio => read_per_folio(mapping, buf, pos),
     }
-    Ok(len)
 }
 
 /// Where the gap found by an empty read batch at byte `at` ends, clipped to `end`.

@@ -51,7 +51,13 @@ pub(crate) mod unmodelled {
 
     impl ShardedCounter {
         pub(crate) fn add(&self, n: u64) {
-            let shard = &self.shards[super::thread_slot() % SHARDS];
+            self.add_in(super::thread_slot(), n);
+        }
+        /// [`add`](Self::add) with the caller's [`thread_slot`](super::thread_slot), for a
+        /// caller bumping several counters.
+        #[inline]
+        pub(crate) fn add_in(&self, slot: usize, n: u64) {
+            let shard = &self.shards[slot % SHARDS];
             // A shard is written by its own thread only (unless more than 16 threads share
             // slots, when a rare increment may be lost: these are statistics). A load and a
             // store, not a locked read-modify-write: the read path pays no atomic instruction.

@@ -238,11 +238,69 @@ impl Index {
         }
     }
 
+    /// The entry covering `index` and the slot that holds it, in one walk from the root and
+    /// no other bookkeeping: the small read's lookup (`Mapping::read_optimistic`, a shared
+    /// cache client's hits). `_pin` must be the pin that keeps this index's nodes alive, taken
+    /// before the call: a [`ReadGuard`](crate::mem::ReadGuard) in the process that frees them,
+    /// or a client's pin of its slot for a shared index (the owner frees its nodes only after
+    /// every client pin caught up). `None` for a hole.
+    #[inline]
+    pub(crate) fn find<'p, P: crate::mem::optimistic::Pinned>(
+        &'p self,
+        index: u64,
+        _pin: &'p P,
+    ) -> Option<Found<'p>> {
+        let mut node = self.root_node();
+        if node.is_null() {
+            return None;
+        }
+        // SAFETY: the root was loaded (acquire) under `_pin`, which outlives the borrow.
+        let top = u32::from(unsafe { &*node }.shift) + CHUNK_SHIFT;
+        if top < 64 && index >> top != 0 {
+            return None;
+        }
+        loop {
+            // SAFETY: `node` is the root or a child loaded (acquire) from a reachable node
+            // under `_pin`; nodes are freed only after every such pin ends.
+            let n: &'p Node = unsafe { &*node };
+            let slot = &n.slots[n.offset(index)];
+            let word = slot.load(Ordering::Acquire);
+            if is_node(word) {
+                node = self.node_at(word);
+                if node.is_null() {
+                    return None; // a word naming no node (a corrupted shared mapping)
+                }
+                continue;
+            }
+            let entry = Entry::decode(word)?;
+            return Some(Found {
+                entry,
+                first: index & !low_mask(u32::from(entry.order())),
+                word,
+                slot,
+            });
+        }
+    }
+
     /// Starts a lockless read.
     pub fn cursor(&self) -> Cursor<'_> {
+        self.cursor_with(Some(pin()))
+    }
+
+    /// A lockless read under a pin the caller holds: `_pin` must keep this index's nodes alive
+    /// (as for [`Index::find`]). A shared cache's client reads under its slot's pin, which is
+    /// what holds the owner's frees back; a pin of this process's epochs would add nothing.
+    pub(crate) fn cursor_under<'p, P: crate::mem::optimistic::Pinned>(
+        &'p self,
+        _pin: &'p P,
+    ) -> Cursor<'p> {
+        self.cursor_with(None)
+    }
+
+    fn cursor_with(&self, guard: Option<Guard>) -> Cursor<'_> {
         Cursor {
             index: self,
-            _guard: pin(),
+            _guard: guard,
             node: std::ptr::null(),
             offset: 0,
             at: 0,
@@ -439,7 +497,8 @@ unsafe fn free_subtree(node: *mut Node) -> usize {
 /// and never hold it across anything that blocks for long.
 pub struct Cursor<'a> {
     index: &'a Index,
-    _guard: Guard,
+    /// The pin it took, or none when made under the caller's ([`Index::cursor_under`]).
+    _guard: Option<Guard>,
     /// The node holding the slot last loaded (null when the last load found no node).
     node: *const Node,
     offset: usize,
@@ -618,6 +677,23 @@ impl Cursor<'_> {
         self.prev = first.checked_sub(1);
         self.next = (first | mask).checked_add(1);
         None
+    }
+}
+
+/// What [`Index::find`] found: the entry, the first index it covers, and its slot.
+pub(crate) struct Found<'p> {
+    pub(crate) entry: Entry,
+    pub(crate) first: u64,
+    word: usize,
+    slot: &'p AtomicUsize,
+}
+
+impl Found<'_> {
+    /// Whether the slot still holds the very word the walk found (acquire): for a folio, proof
+    /// that it was still mapped there at this moment (as [`Cursor::reload`]).
+    #[inline]
+    pub(crate) fn still_there(&self) -> bool {
+        self.slot.load(Ordering::Acquire) == self.word
     }
 }
 

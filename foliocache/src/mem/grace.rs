@@ -45,6 +45,7 @@ impl Grace {
     }
 
     /// Starts a read that may copy folio bytes without a reference.
+    #[inline]
     pub(crate) fn read_guard(&self) -> ReadGuard<'_> {
         ReadGuard {
             _pin: epoch::pin(),

@@ -512,6 +512,7 @@ impl Memory {
     }
 
     /// See [`grace::Grace::read_guard`].
+    #[inline]
     pub(crate) fn read_guard(&self) -> ReadGuard<'_> {
         self.grace.read_guard()
     }

@@ -188,25 +188,4 @@ impl Memory {
             )
         }
     }
-
-    /// Starts an optimistic read of folio `pfn` (see [`FolioView::peek_begin`]).
-    pub(crate) fn peek_begin(&self, pfn: u32) -> Option<Peek> {
-        self.view().peek_begin(pfn)
-    }
-
-    /// See [`FolioView::peek_copy`].
-    pub(crate) fn peek_copy(
-        &self,
-        guard: &super::ReadGuard<'_>,
-        peek: &Peek,
-        offset: usize,
-        dst: &mut [u8],
-    ) -> bool {
-        self.view().peek_copy(guard, peek, offset, dst)
-    }
-
-    /// See [`FolioView::peek_valid`].
-    pub(crate) fn peek_valid(&self, peek: &Peek) -> bool {
-        self.view().peek_valid(peek)
-    }
 }

@@ -952,7 +952,7 @@ impl ClientFile {
         let view = attachment.folio_view();
         // Taken before the lookup: nothing found from here on is reused until it is dropped.
         let pin = ExternalGuard::new(&t.pin, &attachment.map.live().epoch);
-        let mut cursor = index.cursor();
+        let mut cursor = index.cursor_under(&pin);
         let mut done = 0usize;
         let mut entry = cursor.load((pos) >> PAGE_SHIFT);
         while done < dst.len() {
@@ -1018,7 +1018,7 @@ impl ClientFile {
         let index = &attachment.views[record];
         let view = attachment.folio_view();
         let pin = ExternalGuard::new(&t.pin, &attachment.map.live().epoch);
-        let mut cursor = index.cursor();
+        let mut cursor = index.cursor_under(&pin);
         let last = (end - 1) >> PAGE_SHIFT;
         let mut entry = cursor.load(pos >> PAGE_SHIFT);
         let cached = loop {
