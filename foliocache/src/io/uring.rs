@@ -32,8 +32,10 @@ struct InFlight {
     transfer: Box<dyn Transfer>,
     /// Every vector of the transfer.
     all: Vec<libc::iovec>,
-    /// The vectors of the entry in flight now (from `done` on, at most `MAX_IOVECS`).
-    current: Vec<libc::iovec>,
+    /// The vectors of the entry in flight now (from `done` on, at most `MAX_IOVECS`), when
+    /// they are not `all` as it is: `None` for a first entry that takes every vector (the
+    /// common case, which then allocates nothing more).
+    current: Option<Vec<libc::iovec>>,
     /// Bytes moved by earlier entries of this transfer.
     done: usize,
     fd: Arc<OwnedFd>,
@@ -47,18 +49,34 @@ struct InFlight {
 unsafe impl Send for InFlight {}
 
 impl InFlight {
-    /// The ring entry for the vectors in `current`.
+    /// The vectors of the entry in flight now.
+    fn vectors(&self) -> &[libc::iovec] {
+        self.current.as_deref().unwrap_or(&self.all)
+    }
+
+    /// Sets up the vectors of an entry from byte `done` of the transfer on.
+    fn start_at(&mut self, done: usize) {
+        self.done = done;
+        self.current = if done == 0 && self.all.len() <= super::MAX_IOVECS {
+            None
+        } else {
+            Some(vectors_from(&self.all, done))
+        };
+    }
+
+    /// The ring entry for the vectors of the entry in flight.
     fn entry(&self) -> squeue::Entry {
         let fd = types::Fd(self.fd.as_raw_fd());
         let offset = self.transfer.offset() + self.done as u64;
-        let count = self.current.len() as u32;
+        let vectors = self.vectors();
+        let count = vectors.len() as u32;
         if self.transfer.is_write() {
-            opcode::Writev::new(fd, self.current.as_ptr(), count)
+            opcode::Writev::new(fd, vectors.as_ptr(), count)
                 .offset(offset)
                 .rw_flags(self.io.write_flags)
                 .build()
         } else {
-            opcode::Readv::new(fd, self.current.as_ptr(), count)
+            opcode::Readv::new(fd, vectors.as_ptr(), count)
                 .offset(offset)
                 .rw_flags(self.io.read_flags)
                 .build()
@@ -147,17 +165,17 @@ impl Uring {
                 transfer.complete(Err(std::io::Error::from_raw_os_error(errno)));
                 continue;
             }
-            let all = transfer.io_vectors();
-            let current = vectors_from(&all, 0);
-            shared.in_flight.fetch_add(1, Ordering::Relaxed);
-            shared.push(Box::new(InFlight {
+            let mut op = Box::new(InFlight {
+                all: transfer.io_vectors(),
                 transfer,
-                all,
-                current,
+                current: None,
                 done: 0,
                 fd: Arc::clone(fd),
                 io,
-            }));
+            });
+            op.start_at(0);
+            shared.in_flight.fetch_add(1, Ordering::Relaxed);
+            shared.push(op);
         }
         while let Err(error) = shared.ring.submit() {
             // EBUSY/EAGAIN: completions must be reaped first (the completion thread does),
@@ -279,8 +297,7 @@ fn step(inject: &Inject, mut op: Box<InFlight>, result: i32) -> Option<Box<InFli
     };
     match outcome {
         Ok(Some(restart)) => {
-            op.done = restart;
-            op.current = vectors_from(&op.all, restart);
+            op.start_at(restart);
             Some(op)
         }
         Ok(None) => {
