@@ -408,6 +408,7 @@ impl Mapping {
     /// [`OPTIMISTIC_MAX`] bytes) without taking a reference: see [`crate::mem::optimistic`].
     /// Tries a few times, then says [`Optimistic::Fallback`] so the caller takes the
     /// referenced path.
+    #[inline]
     pub(crate) fn read_optimistic(&self, pos: u64, dst: &mut [u8]) -> Optimistic {
         debug_assert!(dst.len() <= OPTIMISTIC_MAX);
         debug_assert_eq!(
