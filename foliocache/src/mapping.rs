@@ -450,8 +450,8 @@ impl Mapping {
             }
             self.counters.optimistic_retries.inc();
         }
+        let shard = grace.thread_slot();
         drop(grace);
-        let shard = crate::sync::thread_slot();
         self.counters.lookups.add_in(shard, 1);
         self.counters.index_walks.add_in(shard, walks);
         outcome

@@ -83,12 +83,14 @@ pub(crate) fn thread_slot() -> usize {
     thread_local! {
         static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
     }
-    SLOT.with(|slot| {
+    // While the thread's thread-locals are being destroyed the slot is gone: slot 0 then.
+    SLOT.try_with(|slot| {
         if slot.get() == usize::MAX {
             slot.set(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         }
         slot.get()
     })
+    .unwrap_or(0)
 }
 
 /// A mutex whose `lock` never fails: a panic while holding it cannot leave the protected data

@@ -260,6 +260,9 @@ struct Local {
     domain: DomainRef,
     participant: Arc<Participant>,
     depth: Cell<usize>,
+    /// The thread's [`thread_slot`](crate::sync::thread_slot), kept here so a reader that
+    /// pinned has it without a second thread-local access.
+    slot: usize,
 }
 
 impl Local {
@@ -270,6 +273,7 @@ impl Local {
             domain,
             participant,
             depth: Cell::new(0),
+            slot: crate::sync::thread_slot(),
         }
     }
 
@@ -361,6 +365,14 @@ pub fn pin() -> Guard {
         .unwrap_or_else(|_| Rc::new(Local::new()));
     local.pin();
     Guard { local }
+}
+
+impl Guard {
+    /// The pinning thread's [`thread_slot`](crate::sync::thread_slot).
+    #[inline]
+    pub(crate) fn thread_slot(&self) -> usize {
+        self.local.slot
+    }
 }
 
 impl Drop for Guard {

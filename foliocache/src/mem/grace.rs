@@ -32,6 +32,14 @@ pub(crate) struct ReadGuard<'g> {
     _grace: std::marker::PhantomData<&'g Grace>,
 }
 
+impl ReadGuard<'_> {
+    /// The reading thread's [`thread_slot`](crate::sync::thread_slot) (no thread-local access).
+    #[inline]
+    pub(crate) fn thread_slot(&self) -> usize {
+        self._pin.thread_slot()
+    }
+}
+
 impl Grace {
     pub(crate) fn new(buddy: Arc<Buddy>) -> Self {
         Self {
