@@ -310,9 +310,11 @@ impl Index {
         }
     }
 
-    /// The entry covering `index`, if any (one lockless walk).
+    /// The entry covering `index`, if any (one lockless walk: [`Index::find`], so the index's
+    /// model tests check the small read's lookup too).
     pub fn load(&self, index: u64) -> Option<Entry> {
-        self.cursor().load(index)
+        let pin = pin();
+        self.find(index, &pin).map(|found| found.entry)
     }
 
     /// Collects up to `max` folio entries that are contiguous from `start` (the first must cover

@@ -51,11 +51,12 @@ impl Peek {
 }
 
 /// Proof that the caller pinned before the lookup that found the folio it copies: a private
-/// cache's [`ReadGuard`](super::ReadGuard), or a shared cache client's pin of its slot
-/// (`mem::epoch::ExternalGuard`).
+/// cache's [`ReadGuard`](super::ReadGuard) (or the bare epoch pin inside one), or a shared
+/// cache client's pin of its slot (`mem::epoch::ExternalGuard`).
 pub(crate) trait Pinned {}
 
 impl Pinned for super::ReadGuard<'_> {}
+impl Pinned for super::epoch::Guard {}
 #[cfg(not(loom))]
 impl Pinned for super::epoch::ExternalGuard<'_> {}
 
