@@ -340,8 +340,9 @@ impl std::fmt::Debug for Guard {
 ///
 /// On x86-64 the store and the fence are one `xchg`. A locked instruction is a full barrier in
 /// the hardware (no later load is performed before it is globally visible), and as an
-/// acquire-release operation the compiler moves no later load above it either; an `mfence`
-/// after a plain store costs more on this project's AMD hosts and on most x86 cores. Elsewhere,
+/// acquire-release operation the compiler moves no later load above it either. On this
+/// project's AMD hosts an `mfence` after a plain store costs several times as much (timed in
+/// docs/BENCHMARKS.md, "Where the cycles go"). Elsewhere,
 /// and under loom (which models the language's rules, where only the fence gives the ordering
 /// with the advancer's fence), the store and the fence as written.
 #[inline]
