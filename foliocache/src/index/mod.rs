@@ -250,7 +250,7 @@ impl Index {
         index: u64,
         _pin: &'p P,
     ) -> Option<Found<'p>> {
-        let mut node = self.root_node();
+        let node = self.root_node();
         if node.is_null() {
             return None;
         }
@@ -259,26 +259,38 @@ impl Index {
         if top < 64 && index >> top != 0 {
             return None;
         }
+        let (node, offset, word) = self.walk(node, index);
+        let entry = Entry::decode(word)?;
+        // SAFETY: `walk` returns a node reached under `_pin`, which outlives the borrow.
+        let slot = &unsafe { &*node }.slots[offset];
+        Some(Found {
+            entry,
+            first: index & !low_mask(u32::from(entry.order())),
+            word,
+            slot,
+        })
+    }
+
+    /// Walks down from `node` (the root, or a node whose span holds `index`) to the slot of
+    /// `index` in the lowest node on the way, under the caller's pin: that node, the slot's
+    /// offset, and its word (an entry, or a hole; a word naming no node, as a corrupted shared
+    /// mapping may hold, reads as a hole in the node that holds it).
+    #[inline]
+    fn walk(&self, mut node: *const Node, index: u64) -> (*const Node, usize, usize) {
         loop {
-            // SAFETY: `node` is the root or a child loaded (acquire) from a reachable node
-            // under `_pin`; nodes are freed only after every such pin ends.
-            let n: &'p Node = unsafe { &*node };
-            let slot = &n.slots[n.offset(index)];
-            let word = slot.load(Ordering::Acquire);
-            if is_node(word) {
-                node = self.node_at(word);
-                if node.is_null() {
-                    return None; // a word naming no node (a corrupted shared mapping)
-                }
-                continue;
+            // SAFETY: `node` is the root or a child loaded (acquire) from a reachable node under
+            // the caller's pin; nodes are freed only after every such pin ends.
+            let n = unsafe { &*node };
+            let offset = n.offset(index);
+            let word = n.slots[offset].load(Ordering::Acquire);
+            if !is_node(word) {
+                return (node, offset, word);
             }
-            let entry = Entry::decode(word)?;
-            return Some(Found {
-                entry,
-                first: index & !low_mask(u32::from(entry.order())),
-                word,
-                slot,
-            });
+            let child = self.node_at(word);
+            if child.is_null() {
+                return (node, offset, 0);
+            }
+            node = child;
         }
     }
 
@@ -637,37 +649,22 @@ impl Cursor<'_> {
     }
 
     /// Walks down from `node`, whose span contains `index`.
-    fn descend(&mut self, mut node: *const Node, index: u64) -> Option<Entry> {
+    fn descend(&mut self, node: *const Node, index: u64) -> Option<Entry> {
         self.at = index;
-        loop {
-            // SAFETY: `node` is the root or a child loaded (acquire) from a reachable node during
-            // this cursor's pin; nodes are freed only after every such pin ends.
-            let n = unsafe { &*node };
-            let offset = n.offset(index);
-            let word = n.slots[offset].load(Ordering::Acquire);
-            if is_node(word) {
-                let child = self.index.node_at(word);
-                if child.is_null() {
-                    // A word naming no node (a corrupted shared mapping) reads as a hole.
-                    return self.hole(node, offset, index, u32::from(n.shift));
-                }
-                node = child;
-                continue;
-            }
-            match Entry::decode(word) {
-                Some(entry) => {
-                    self.node = node;
-                    self.offset = offset;
-                    let order = u32::from(entry.order());
-                    let mask = low_mask(order);
-                    let first = index & !mask;
-                    self.prev = first.checked_sub(1);
-                    self.next = (first | mask).checked_add(1);
-                    return Some(entry);
-                }
-                None => return self.hole(node, offset, index, u32::from(n.shift)),
-            }
-        }
+        let (node, offset, word) = self.index.walk(node, index);
+        let Some(entry) = Entry::decode(word) else {
+            // SAFETY: `walk` returns a node reached during this cursor's pin.
+            let bits = u32::from(unsafe { &*node }.shift);
+            return self.hole(node, offset, index, bits);
+        };
+        self.node = node;
+        self.offset = offset;
+        let order = u32::from(entry.order());
+        let mask = low_mask(order);
+        let first = index & !mask;
+        self.prev = first.checked_sub(1);
+        self.next = (first | mask).checked_add(1);
+        Some(entry)
     }
 
     /// Records an empty slot of `node` (covering `2^bits` indexes around `index`).
