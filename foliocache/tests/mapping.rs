@@ -150,6 +150,41 @@ fn add_folio_range_stops_at_a_present_folio_and_leaves_the_rest_to_the_caller() 
 }
 
 #[test]
+fn add_folio_range_prepares_nothing_past_a_present_folio() {
+    let cache = &caches()[0];
+    let file = raw::new_mapping(cache);
+    let _squatter = file
+        .add_folio(raw::alloc_folio(cache, 0).unwrap(), 10)
+        .unwrap();
+    let locks = file.stats().lock_acquisitions;
+    // The first position is taken: nothing goes in, and the writer lock is not even taken.
+    let folios: Vec<_> = (0..4)
+        .map(|_| raw::alloc_folio(cache, 0).unwrap())
+        .collect();
+    let added = file.add_folio_range(10, folios).unwrap();
+    assert!(added.inserted.is_empty());
+    assert_eq!(added.stopped, Some(RangeStop::Present(10)));
+    assert_eq!(added.rest.len(), 4);
+    assert_eq!(file.stats().lock_acquisitions, locks);
+    // A large folio whose range holds the present page stops the run before it.
+    let folios = vec![
+        raw::alloc_folio(cache, 2).unwrap(),
+        raw::alloc_folio(cache, 2).unwrap(),
+        raw::alloc_folio(cache, 0).unwrap(),
+    ];
+    let added = file.add_folio_range(4, folios).unwrap();
+    assert_eq!(added.inserted.len(), 1, "the folio at 4..8 went in");
+    assert_eq!(added.stopped, Some(RangeStop::Present(10)));
+    assert_eq!(added.rest.len(), 2);
+    assert_eq!(file.stats().lock_acquisitions, locks + 1);
+    // What was handed back is private and whole: it goes in elsewhere.
+    let again = file.add_folio_range(16, added.rest).unwrap();
+    assert_eq!(again.inserted.len(), 2);
+    assert_eq!(again.stopped, None);
+    assert!(file.lookup(20).is_some());
+}
+
+#[test]
 fn removal_freezes_and_fails_while_someone_else_holds_a_reference() {
     for cache in caches() {
         let file = raw::new_mapping(&cache);

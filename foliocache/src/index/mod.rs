@@ -830,23 +830,7 @@ impl IndexWriter<'_> {
     pub fn insert_range(&mut self, start: u64, entries: &[Entry]) -> Result<RangeInsert, Error> {
         // Validate the whole run first: a misaligned or overflowing run is a caller bug and
         // must not be half inserted.
-        let mut index = start;
-        for (i, entry) in entries.iter().enumerate() {
-            check_range(index, entry.order())?;
-            if let Entry::Value { value, .. } = *entry
-                && value > MAX_VALUE
-            {
-                return Err(Error::ValueTooLarge { value });
-            }
-            let next = index.checked_add(1u64 << entry.order());
-            if next.is_none() && i + 1 < entries.len() {
-                return Err(Error::IndexOverflow {
-                    index,
-                    order: entry.order(),
-                });
-            }
-            index = next.unwrap_or(0);
-        }
+        check_run(start, entries)?;
         let mut result = RangeInsert {
             inserted: 0,
             stopped: None,
@@ -1745,6 +1729,30 @@ fn height_for(last: u64) -> u8 {
 }
 
 /// Checks that an entry of `order` at `index` is aligned and fits in the index space.
+/// Whether `entries` can go in one after another from `start`, as
+/// [`IndexWriter::insert_range`] takes them: each aligned to its order, no value too large, and
+/// no entry but the last running past the largest index.
+pub(crate) fn check_run(start: u64, entries: &[Entry]) -> Result<(), Error> {
+    let mut index = start;
+    for (i, entry) in entries.iter().enumerate() {
+        check_range(index, entry.order())?;
+        if let Entry::Value { value, .. } = *entry
+            && value > MAX_VALUE
+        {
+            return Err(Error::ValueTooLarge { value });
+        }
+        let next = index.checked_add(1u64 << entry.order());
+        if next.is_none() && i + 1 < entries.len() {
+            return Err(Error::IndexOverflow {
+                index,
+                order: entry.order(),
+            });
+        }
+        index = next.unwrap_or(0);
+    }
+    Ok(())
+}
+
 fn check_range(index: u64, order: u8) -> Result<(), Error> {
     if order > MAX_ENTRY_ORDER {
         return Err(Error::OrderTooLarge {
