@@ -1,6 +1,8 @@
 //! A read loop for profiling (e.g. under `valgrind --tool=callgrind`):
 //! `cargo run --release --example read_loop -- <batched|per-folio> <normal|fallocated|hole> <block bytes> <max order> <reads>`
-//! (`READ_LOOP_SMALL=refcounted` makes small reads take a reference.)
+//! (`READ_LOOP_SMALL=refcounted` makes small reads take a reference; `READ_LOOP_RANDOM=1` reads
+//! blocks at random block-aligned offsets instead of in order, so the index walk and the
+//! folio's descriptor miss the CPU's caches as a random reader's do.)
 
 use foliocache::{Cache, ReadPolicy};
 use std::hint::black_box;
@@ -35,7 +37,7 @@ fn main() {
         << 20;
     let huge = std::env::var("READ_LOOP_HUGE").is_ok_and(|v| v == "1");
     let cache = Cache::builder()
-        .capacity(size + (8 << 20))
+        .capacity(size + size / 32 + (8 << 20))
         .huge_pages(huge)
         .prefault(huge)
         .build()
@@ -78,9 +80,18 @@ fn main() {
     let base = backing.as_ptr().align_offset(4096) + offset;
     let buf = &mut backing[base..base + block];
     buf.fill(1);
+    let random = std::env::var("READ_LOOP_RANDOM").is_ok_and(|v| v == "1");
+    let blocks = (size / block.max(1) as u64).max(1);
+    let mut rng = 0x2545_F491_4F6C_DD1Du64;
     let mut pos = 0u64;
     let start = std::time::Instant::now();
     for _ in 0..reads {
+        if random {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            pos = (rng % blocks) * block as u64;
+        }
         let n = handle.read_at(buf, pos).expect("read") as u64;
         black_box(&buf);
         pos = if pos + n >= size { 0 } else { pos + n };
@@ -88,9 +99,10 @@ fn main() {
     let elapsed = start.elapsed();
     let stats = file.mapping_stats();
     println!(
-        "{reads} reads, {} index walks, {} lookups, {:.2} GiB/s",
+        "{reads} reads, {} index walks, {} lookups, {:.2} GiB/s, {:.1} ns per read",
         stats.index_walks,
         stats.lookups,
-        (reads * block as u64) as f64 / elapsed.as_secs_f64() / f64::from(1u32 << 30)
+        (reads * block as u64) as f64 / elapsed.as_secs_f64() / f64::from(1u32 << 30),
+        elapsed.as_nanos() as f64 / reads as f64
     );
 }

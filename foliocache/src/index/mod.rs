@@ -255,11 +255,12 @@ impl Index {
             return None;
         }
         // SAFETY: the root was loaded (acquire) under `_pin`, which outlives the borrow.
-        let top = u32::from(unsafe { &*node }.shift) + CHUNK_SHIFT;
+        let shift = root_shift(unsafe { &*node })?;
+        let top = shift + CHUNK_SHIFT;
         if top < 64 && index >> top != 0 {
             return None;
         }
-        let (node, offset, word) = self.walk(node, index);
+        let (node, _, offset, word) = self.walk(node, shift, index);
         let entry = Entry::decode(word)?;
         // SAFETY: `walk` returns a node reached under `_pin`, which outlives the borrow.
         let slot = &unsafe { &*node }.slots[offset];
@@ -271,26 +272,37 @@ impl Index {
         })
     }
 
-    /// Walks down from `node` (the root, or a node whose span holds `index`) to the slot of
-    /// `index` in the lowest node on the way, under the caller's pin: that node, the slot's
-    /// offset, and its word (an entry, or a hole; a word naming no node, as a corrupted shared
-    /// mapping may hold, reads as a hole in the node that holds it).
+    /// Walks down from `node` (the root, or a node whose span holds `index`), whose shift is
+    /// `shift`, to the slot of `index` in the lowest node on the way, under the caller's pin:
+    /// that node, its shift, the slot's offset, and its word (an entry, or a hole).
+    ///
+    /// A child's shift is its parent's less [`CHUNK_SHIFT`] (nodes never change level: the tree
+    /// grows and shrinks only at the root), so the walk never reads a node's own `shift`, which
+    /// lies in the node's last cache line: on a random lookup that line is one more miss per
+    /// level. A word naming no node, or a node word in a bottom node (a corrupted shared
+    /// mapping may hold either), reads as a hole in the node that holds it.
     #[inline]
-    fn walk(&self, mut node: *const Node, index: u64) -> (*const Node, usize, usize) {
+    fn walk(
+        &self,
+        mut node: *const Node,
+        mut shift: u32,
+        index: u64,
+    ) -> (*const Node, u32, usize, usize) {
         loop {
             // SAFETY: `node` is the root or a child loaded (acquire) from a reachable node under
             // the caller's pin; nodes are freed only after every such pin ends.
             let n = unsafe { &*node };
-            let offset = n.offset(index);
+            let offset = offset_at(shift, index);
             let word = n.slots[offset].load(Ordering::Acquire);
             if !is_node(word) {
-                return (node, offset, word);
+                return (node, shift, offset, word);
             }
             let child = self.node_at(word);
-            if child.is_null() {
-                return (node, offset, 0);
+            if child.is_null() || shift < CHUNK_SHIFT {
+                return (node, shift, offset, 0);
             }
             node = child;
+            shift -= CHUNK_SHIFT;
         }
     }
 
@@ -314,6 +326,7 @@ impl Index {
             index: self,
             _guard: guard,
             node: std::ptr::null(),
+            shift: 0,
             offset: 0,
             at: 0,
             next: None,
@@ -515,6 +528,8 @@ pub struct Cursor<'a> {
     _guard: Option<Guard>,
     /// The node holding the slot last loaded (null when the last load found no node).
     node: *const Node,
+    /// That node's shift (known from the walk; the node's own field is not read).
+    shift: u32,
     offset: usize,
     /// The index last asked for.
     at: u64,
@@ -535,14 +550,17 @@ impl Cursor<'_> {
             return self.hole_to_end(index);
         }
         // SAFETY: the root was loaded (acquire) during this cursor's pin.
-        let top = u32::from(unsafe { &*root }.shift) + CHUNK_SHIFT;
+        let Some(shift) = root_shift(unsafe { &*root }) else {
+            return self.hole_to_end(index);
+        };
+        let top = shift + CHUNK_SHIFT;
         if top < 64 && index >> top != 0 {
             // Beyond the root's span: nothing is stored from the span's end on.
             self.hole_to_end(index);
             self.prev = Some((1u64 << top) - 1);
             return None;
         }
-        self.descend(root, index)
+        self.descend(root, shift, index)
     }
 
     /// Records that nothing is stored at `index` or after it.
@@ -604,17 +622,17 @@ impl Cursor<'_> {
             if !self.node.is_null() {
                 // SAFETY: reached during this cursor's pin (see `reload`).
                 let node = unsafe { &*self.node };
-                if node.shift == 0 && node.same_span(self.at, index) {
+                if self.shift == 0 && same_span(0, self.at, index) {
                     let leaf_end = index | LEAF_MASK;
-                    let stop = node.offset(leaf_end.min(last));
-                    let found = (node.offset(index)..=stop).find(|&offset| {
+                    let stop = offset_at(0, leaf_end.min(last));
+                    let found = (offset_at(0, index)..=stop).find(|&offset| {
                         Entry::decode(node.slots[offset].load(Ordering::Acquire))
                             .is_some_and(&wanted)
                     });
                     if let Some(offset) = found {
                         // Load it properly (it may have changed since the scan looked).
                         let at = (index & !LEAF_MASK) | offset as u64;
-                        if self.descend(self.node, at).is_some_and(&wanted) {
+                        if self.descend(self.node, 0, at).is_some_and(&wanted) {
                             return Some(self.first());
                         }
                         continue;
@@ -638,26 +656,21 @@ impl Cursor<'_> {
 
     /// Loads `index`, starting from the current node if `index` lies in its span.
     fn load_near(&mut self, index: u64) -> Option<Entry> {
-        if !self.node.is_null() {
-            // SAFETY: reached during this cursor's pin (see `reload`).
-            let node = unsafe { &*self.node };
-            if node.same_span(self.at, index) {
-                return self.descend(self.node, index);
-            }
+        if !self.node.is_null() && same_span(self.shift, self.at, index) {
+            return self.descend(self.node, self.shift, index);
         }
         self.load(index)
     }
 
-    /// Walks down from `node`, whose span contains `index`.
-    fn descend(&mut self, node: *const Node, index: u64) -> Option<Entry> {
+    /// Walks down from `node` (of `shift`), whose span contains `index`.
+    fn descend(&mut self, node: *const Node, shift: u32, index: u64) -> Option<Entry> {
         self.at = index;
-        let (node, offset, word) = self.index.walk(node, index);
+        let (node, shift, offset, word) = self.index.walk(node, shift, index);
         let Some(entry) = Entry::decode(word) else {
-            // SAFETY: `walk` returns a node reached during this cursor's pin.
-            let bits = u32::from(unsafe { &*node }.shift);
-            return self.hole(node, offset, index, bits);
+            return self.hole(node, shift, offset, index);
         };
         self.node = node;
+        self.shift = shift;
         self.offset = offset;
         let order = u32::from(entry.order());
         let mask = low_mask(order);
@@ -667,11 +680,13 @@ impl Cursor<'_> {
         Some(entry)
     }
 
-    /// Records an empty slot of `node` (covering `2^bits` indexes around `index`).
-    fn hole(&mut self, node: *const Node, offset: usize, index: u64, bits: u32) -> Option<Entry> {
+    /// Records an empty slot of `node` (of `shift`: the slot covers `2^shift` indexes around
+    /// `index`).
+    fn hole(&mut self, node: *const Node, shift: u32, offset: usize, index: u64) -> Option<Entry> {
         self.node = node;
+        self.shift = shift;
         self.offset = offset;
-        let mask = low_mask(bits);
+        let mask = low_mask(shift);
         let first = index & !mask;
         self.prev = first.checked_sub(1);
         self.next = (first | mask).checked_add(1);
@@ -694,6 +709,29 @@ impl Found<'_> {
     pub(crate) fn still_there(&self) -> bool {
         self.slot.load(Ordering::Acquire) == self.word
     }
+}
+
+/// The shift of a root node, as the walks take it: `None` for one too large to shift by,
+/// which only a corrupted shared mapping can show; the walk then finds nothing. (One that is
+/// not a multiple of [`CHUNK_SHIFT`] is as corrupt, but harmless: the walk stops at the first
+/// level below [`CHUNK_SHIFT`].)
+#[inline]
+fn root_shift(root: &Node) -> Option<u32> {
+    let shift = u32::from(root.shift);
+    (shift < 64).then_some(shift)
+}
+
+/// The slot of `index` in a node of `shift`.
+#[inline]
+fn offset_at(shift: u32, index: u64) -> usize {
+    ((index >> shift) as usize) & (CHUNK - 1)
+}
+
+/// Whether `a` and `b` lie in the span of one node of `shift`.
+#[inline]
+fn same_span(shift: u32, a: u64, b: u64) -> bool {
+    let top = shift + CHUNK_SHIFT;
+    top >= 64 || a >> top == b >> top
 }
 
 fn low_mask(bits: u32) -> u64 {
@@ -1764,4 +1802,50 @@ fn check_range(index: u64, order: u8) -> Result<(), Error> {
         return Err(Error::Misaligned { index, order });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The walk takes each level's shift from its parent, so a corrupted tree (as a shared
+    /// mapping may hold: here a bottom node's slot naming a node above it, a cycle) ends at
+    /// the bottom level as a hole instead of walking on forever.
+    #[test]
+    fn a_node_word_in_a_bottom_node_reads_as_a_hole() {
+        let index = Index::new();
+        let value = |value| Entry::Value { value, order: 0 };
+        {
+            let mut writer = index.lock();
+            writer.insert(0, value(1)).unwrap();
+            writer.insert(1 << 12, value(2)).unwrap();
+        }
+        let pin = pin();
+        let root = index.root_node();
+        // SAFETY: the root was loaded under `pin`, which is still held.
+        let shift = root_shift(unsafe { &*root }).unwrap();
+        assert_eq!(shift, 12);
+        // SAFETY: as above.
+        let upper_word = unsafe { &*root }.slots[0].load(Ordering::Acquire);
+        assert!(is_node(upper_word));
+        let (leaf, leaf_shift, offset, word) = index.walk(root, shift, 5);
+        assert_eq!((leaf_shift, offset, word), (0, 5, 0));
+        // SAFETY: `walk` returned a node reached under `pin`.
+        let slot = &unsafe { &*leaf }.slots[offset];
+        slot.store(upper_word, Ordering::Release);
+        assert_eq!(
+            index.load(5),
+            None,
+            "a node word where an entry belongs is a hole"
+        );
+        assert_eq!(index.load(0), Some(value(1)));
+        let mut cursor = index.cursor();
+        assert_eq!(cursor.load(5), None);
+        assert_eq!(cursor.load_next(), None);
+        drop(cursor);
+        // Put the tree back before it is dropped (its teardown follows node words).
+        slot.store(0, Ordering::Release);
+        drop(pin);
+        assert_eq!(index.load(1 << 12), Some(value(2)));
+    }
 }

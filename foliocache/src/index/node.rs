@@ -153,10 +153,4 @@ impl Node {
     pub(crate) fn offset(&self, index: u64) -> usize {
         ((index >> self.shift) as usize) & (CHUNK - 1)
     }
-
-    /// Whether `index` lies in the range this node covers, given an index known to be inside.
-    pub(crate) fn same_span(&self, a: u64, b: u64) -> bool {
-        let top = u32::from(self.shift) + CHUNK_SHIFT;
-        top >= 64 || a >> top == b >> top
-    }
 }
