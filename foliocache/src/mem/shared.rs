@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, 
 pub(crate) const MAGIC: [u8; 8] = *b"foliosh1";
 
 /// Bumped whenever the meaning of any byte of the mapping changes.
-pub(crate) const LAYOUT_VERSION: u32 = 1;
+pub(crate) const LAYOUT_VERSION: u32 = 2;
 
 /// Words of settings the header carries (their meaning is the shared cache's, `crate::shared`).
 pub(crate) const SETTINGS_WORDS: usize = 32;
