@@ -631,6 +631,7 @@ pub(crate) mod answer {
             s.optimistic_retries,
             s.dirty_pages,
             s.writeback_pages,
+            s.unreferenced_hits,
         ]
     }
 
@@ -647,6 +648,7 @@ pub(crate) mod answer {
             optimistic_retries: w(words, 8),
             dirty_pages: w(words, 9),
             writeback_pages: w(words, 10),
+            unreferenced_hits: w(words, 11),
         }
     }
 
@@ -1115,7 +1117,7 @@ impl Handle {
             Repr::Client(client) => return client.read_at(&mut self.ra, buf, pos),
         };
         if inner.disk().is_some() {
-            return read::read_disk(inner, &mut self.ra, buf, pos);
+            return read::read_disk_with(inner, &self.policy, &mut self.ra, buf, pos);
         }
         let n = read::read_at(inner, &self.policy, buf, pos)?;
         if n > 0 {

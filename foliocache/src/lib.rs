@@ -95,7 +95,7 @@ pub use policy::{
     InsertPolicy, Policy, ReadPolicy, ReclaimPolicy, RefcountPolicy, SmallReadPolicy,
     WritebackErrorPolicy,
 };
-pub use read::{MAX_READ_RUN, ReadRun, SMALL_READ_MAX, Slice};
+pub use read::{HIT_READ_MAX, MAX_READ_RUN, ReadRun, SMALL_READ_MAX, Slice};
 pub use readahead::{MAX_READAHEAD_BYTES, RaState};
 pub use reclaim::ReclaimStats;
 pub use stats::RaStats;

@@ -109,8 +109,81 @@ impl<'m> FolioBatch<'m> {
 
 /// The largest read the optimistic path copies (through a buffer on the stack).
 pub const OPTIMISTIC_MAX: usize = 256;
-/// Optimistic attempts before falling back to the referenced path.
-const OPTIMISTIC_TRIES: usize = 3;
+
+/// Tries of the optimistic copy on one folio before a caller takes the referenced path.
+pub(crate) const HIT_TRIES: usize = 3;
+
+/// Copies the cached bytes of `pos..pos + dst.len()` into `dst` from `pos` on, folio after
+/// folio, without taking a reference, up to the first page it cannot serve this way: one not
+/// cached, not uptodate, carrying the READAHEAD mark (the referenced path must see that read
+/// to start the next window), or changing under the copy more than [`HIT_TRIES`] times.
+/// Returns the bytes copied, the folios they came from and the index walks it took. Each folio copied is validated (its
+/// sequence word and its slot, as [`Mapping::read_optimistic`]) and then marked accessed for
+/// reclaim, except the first when it covers byte `unmarked` (a read that continues in the
+/// folio the previous one ended in, which the kernel does not count again).
+///
+/// The hit path of a file from storage: a private cache's read (`read::read_disk_hits`) and a
+/// shared cache's client. `pin` must keep `index`'s nodes and `view`'s folios from reuse, and
+/// be taken before the call (see [`crate::mem::optimistic`]).
+pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
+    index: &Index,
+    view: &crate::mem::optimistic::FolioView<'_>,
+    pin: &P,
+    pos: u64,
+    dst: &mut [u8],
+    unmarked: Option<u64>,
+) -> (usize, u64, u64) {
+    let mut cursor = index.cursor_under(pin);
+    let mut done = 0usize;
+    let mut folios = 0;
+    let mut entry = cursor.load(pos >> PAGE_SHIFT);
+    while done < dst.len() {
+        let at = pos + done as u64;
+        let Some(Entry::Folio {
+            id,
+            order,
+            zeros: false,
+        }) = entry
+        else {
+            break;
+        };
+        let first = cursor.first() << PAGE_SHIFT;
+        let len = (crate::mem::PAGE_SIZE as u64) << order;
+        let offset = (at - first) as usize;
+        let n = (len as usize).saturating_sub(offset).min(dst.len() - done);
+        if n == 0 {
+            break;
+        }
+        let mut copied = false;
+        for _ in 0..HIT_TRIES {
+            let Some(peek) = view.peek_begin(id) else {
+                break;
+            };
+            if peek.flags() & flag::READAHEAD != 0 {
+                break;
+            }
+            if view.peek_copy(pin, &peek, offset, &mut dst[done..done + n])
+                && cursor.reload() == entry
+                && view.peek_valid(&peek)
+            {
+                if done > 0 || !unmarked.is_some_and(|byte| byte >= first && byte < first + len) {
+                    view.mark_accessed(&peek);
+                }
+                copied = true;
+                break;
+            }
+        }
+        if !copied {
+            break;
+        }
+        done += n;
+        folios += 1;
+        if done < dst.len() {
+            entry = cursor.load_next();
+        }
+    }
+    (done, folios, cursor.walks())
+}
 
 /// The outcome of [`Mapping::read_optimistic`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,6 +262,10 @@ pub struct MappingStats {
     pub dirty_pages: u64,
     /// Pages of folios under writeback now.
     pub writeback_pages: u64,
+    /// Folios that reads of a file from storage copied without taking a reference (reads of
+    /// at most [`HIT_READ_MAX`](crate::HIT_READ_MAX) bytes, under
+    /// [`SmallReadPolicy::Optimistic`](crate::SmallReadPolicy::Optimistic)).
+    pub unreferenced_hits: u64,
 }
 
 #[derive(Debug, Default)]
@@ -197,6 +274,7 @@ struct Counters {
     lookups: ShardedCounter,
     index_walks: ShardedCounter,
     optimistic_retries: ShardedCounter,
+    unreferenced_hits: ShardedCounter,
     // Bumped by writers, under the writer lock or close to it.
     lock_acquisitions: Counter,
     insertions: Counter,
@@ -422,7 +500,7 @@ impl Mapping {
         let grace = mem.read_guard();
         let mut outcome = Optimistic::Fallback;
         let mut walks = 0;
-        for _ in 0..OPTIMISTIC_TRIES {
+        for _ in 0..HIT_TRIES {
             walks += 1;
             let Some(found) = self.index.find(page, &grace) else {
                 outcome = Optimistic::Gap;
@@ -455,6 +533,21 @@ impl Mapping {
         self.counters.lookups.add_in(shard, 1);
         self.counters.index_walks.add_in(shard, walks);
         outcome
+    }
+
+    /// [`copy_hits`] on this mapping, under a read guard of its cache's memory: what a read of
+    /// a file from storage copies before it needs a reference.
+    pub(crate) fn copy_hits(&self, pos: u64, dst: &mut [u8], unmarked: Option<u64>) -> usize {
+        let mem = self.mem();
+        let view = mem.view();
+        let grace = mem.read_guard();
+        let (done, folios, walks) = copy_hits(&self.index, &view, &grace, pos, dst, unmarked);
+        let shard = grace.thread_slot();
+        drop(grace);
+        self.counters.lookups.add_in(shard, 1);
+        self.counters.index_walks.add_in(shard, walks);
+        self.counters.unreferenced_hits.add_in(shard, folios);
+        done
     }
 
     /// Fills `batch` with up to `max` (at most [`BATCH_SIZE`]) referenced folios that are
@@ -1180,6 +1273,7 @@ impl Mapping {
             index_nodes: self.index.node_count() as u64,
             index_bytes: self.index.memory_bytes() as u64,
             optimistic_retries: self.counters.optimistic_retries.get(),
+            unreferenced_hits: self.counters.unreferenced_hits.get(),
             dirty_pages: self.dirty_pages(),
             writeback_pages: self.writeback_pages(),
         }

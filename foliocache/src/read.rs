@@ -367,6 +367,43 @@ pub(crate) enum Wait {
     },
 }
 
+/// Reads of a file from storage of at most this many bytes first copy what is cached without
+/// taking references ([`SmallReadPolicy::Optimistic`], [`Mapping::copy_hits`]). A reference
+/// is an atomic write to the folio's descriptor, which on a random read is a cache miss the
+/// CPU must finish before it goes on; a plain load of it overlaps with the copy's misses.
+/// Larger reads spread the references over more bytes and take the batch path.
+pub const HIT_READ_MAX: usize = 16 << 10;
+
+/// A read of a file from storage under `policy`: a read of at most [`HIT_READ_MAX`] bytes
+/// copies the cached folios it starts with without references, and the referenced path
+/// ([`read_disk`]) reads the rest (misses, folios not uptodate, a READAHEAD mark, changes
+/// under the copy), so what a read does to readahead and reclaim is the same either way.
+pub(crate) fn read_disk_with(
+    file: &Arc<Inode>,
+    policy: &Policy,
+    ra: &mut RaState,
+    buf: &mut [u8],
+    pos: u64,
+) -> Result<usize, Error> {
+    let mut done = 0;
+    if policy.small_read == SmallReadPolicy::Optimistic && buf.len() <= HIT_READ_MAX {
+        let size = file.mapping.size();
+        if pos >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let len = (size - pos).min(buf.len() as u64) as usize;
+        let unmarked = u64::try_from(ra.prev_pos - 1).ok();
+        done = file.mapping.copy_hits(pos, &mut buf[..len], unmarked);
+        if done > 0 {
+            ra.prev_pos = (pos + done as u64) as i64;
+        }
+        if done == len {
+            return Ok(len);
+        }
+    }
+    Ok(done + read_disk(file, ra, &mut buf[done..], pos + done as u64)?)
+}
+
 /// [`read_disk`] with a choice of waiting.
 pub(crate) fn read_disk_waiting(
     file: &Arc<Inode>,

@@ -565,3 +565,79 @@ fn a_mark_inside_large_folios_recovers_as_linux_6_18_does() {
     file.wait_for_io();
     assert_eq!(cached(&file), [(0, 93)]);
 }
+
+/// Reads of at most `HIT_READ_MAX` bytes copy cached folios without references; what they
+/// leave behind must be what the referenced path leaves: the bytes, the readahead state after
+/// every read, the windows and marks, what is cached and each folio's visible flags
+/// (REFERENCED and ACTIVE: reclaim's record of the accesses).
+#[test]
+fn the_hit_path_leaves_what_the_referenced_path_leaves() {
+    use foliocache::SmallReadPolicy;
+    // Sequential 4 KiB reads, reads that straddle pages at odd offsets, re-reads of cached
+    // pages, a jump, a read continuing in the folio the last one ended in, one larger than
+    // HIT_READ_MAX and one at the end of the file.
+    let mut reads: Vec<(u64, usize)> = (0..40).map(|p| (p * PAGE, PAGE as usize)).collect();
+    reads.extend([
+        (3 * PAGE + 100, 6000),
+        (3 * PAGE + 6100, 300),
+        (7 * PAGE + 4000, 9000),
+        (200 * PAGE, 4096),
+        (201 * PAGE + 17, 5000),
+        (2 * PAGE, 64),
+        (2 * PAGE + 64, 64),
+        (10 * PAGE + 1, foliocache::HIT_READ_MAX + 1),
+        (40 * PAGE, 16 << 10),
+        (255 * PAGE + 4000, 8192),
+    ]);
+    for max_order in [0u8, 2] {
+        let mut seen = Vec::new();
+        for small_read in [SmallReadPolicy::Optimistic, SmallReadPolicy::Refcounted] {
+            let cache = cache_with(
+                Policy {
+                    small_read,
+                    ..Policy::default()
+                },
+                16 << 20,
+            );
+            let (file, _) = open(&cache, 256, max_order);
+            let mut handle = file.handle();
+            let mut states = Vec::new();
+            for &(pos, len) in &reads {
+                let mut buf = vec![0u8; len];
+                let n = handle.read_at(&mut buf, pos).unwrap();
+                let want = len.min((256 * PAGE - pos) as usize);
+                assert_eq!(n, want, "{small_read:?} read at {pos}");
+                assert!(
+                    buf[..n]
+                        .iter()
+                        .enumerate()
+                        .all(|(k, &b)| b == byte_at(pos + k as u64)),
+                    "{small_read:?} bytes at {pos}"
+                );
+                states.push(handle.ra_state());
+            }
+            let mapping = foliocache::raw::mapping(&file);
+            let flags: Vec<_> = (0..256)
+                .map(|i| mapping.lookup(i).map(|f| (f.index(), f.order(), f.flags())))
+                .collect();
+            let hits = file.mapping_stats().unreferenced_hits;
+            match small_read {
+                SmallReadPolicy::Optimistic => {
+                    assert!(hits > 20, "{hits} hits without a reference");
+                }
+                SmallReadPolicy::Refcounted => assert_eq!(hits, 0),
+            }
+            seen.push((states, file.readahead_stats(), cached(&file), flags));
+        }
+        assert_eq!(
+            seen[0].0, seen[1].0,
+            "readahead state, max order {max_order}"
+        );
+        assert_eq!(
+            seen[0].1, seen[1].1,
+            "readahead counters, max order {max_order}"
+        );
+        assert_eq!(seen[0].2, seen[1].2, "cached ranges, max order {max_order}");
+        assert_eq!(seen[0].3, seen[1].3, "folio flags, max order {max_order}");
+    }
+}

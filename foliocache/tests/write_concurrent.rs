@@ -101,7 +101,8 @@ fn readers_writers_writeback_truncation_and_eviction() {
                 }
             }));
         }
-        // Two readers.
+        // Two readers: the first reads at most 16 KiB at a time (hits copied without a
+        // reference, `HIT_READ_MAX`), the second up to 256 KiB (the referenced batch path).
         for seed in 1..=2u64 {
             let (file, versions) = (file.clone(), Arc::clone(&versions));
             workers.push(Box::new(move |stop: &AtomicBool, progress: &AtomicU64| {
@@ -110,7 +111,11 @@ fn readers_writers_writeback_truncation_and_eviction() {
                 let mut buf = vec![0u8; 64 * PAGE];
                 while !stop.load(Ordering::Relaxed) {
                     let pos = rng.below(PAGES * PAGE as u64);
-                    let len = 1 + rng.below(buf.len() as u64) as usize;
+                    let most = match seed {
+                        1 => foliocache::HIT_READ_MAX,
+                        _ => buf.len(),
+                    };
+                    let len = 1 + rng.below(most as u64) as usize;
                     let last = (pos + len as u64 - 1) / PAGE as u64;
                     let before = versions.before(pos / PAGE as u64, last);
                     let n = handle.read_at(&mut buf[..len], pos).unwrap();

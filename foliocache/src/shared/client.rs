@@ -42,9 +42,6 @@ enum Reattach {
     Failed(Error),
 }
 
-/// Tries of the optimistic path on one folio before asking the owner.
-const HIT_TRIES: usize = 3;
-
 static NEXT_ATTACHMENT: AtomicU64 = AtomicU64::new(1);
 
 /// A process's attachment to one shared cache (see the module documentation).
@@ -952,50 +949,7 @@ impl ClientFile {
         let view = attachment.folio_view();
         // Taken before the lookup: nothing found from here on is reused until it is dropped.
         let pin = ExternalGuard::new(&t.pin, &attachment.map.live().epoch);
-        let mut cursor = index.cursor_under(&pin);
-        let mut done = 0usize;
-        let mut entry = cursor.load((pos) >> PAGE_SHIFT);
-        while done < dst.len() {
-            let at_byte = pos + done as u64;
-            let Some(Entry::Folio {
-                id, zeros: false, ..
-            }) = entry
-            else {
-                break;
-            };
-            let mut copied = None;
-            for _ in 0..HIT_TRIES {
-                let Some(peek) = view.peek_begin(id) else {
-                    break;
-                };
-                if peek.flags() & flag::READAHEAD != 0 {
-                    break;
-                }
-                let folio_first = cursor.first() << PAGE_SHIFT;
-                let offset = (at_byte - folio_first) as usize;
-                let folio_len = (crate::mem::PAGE_SIZE as u64) << entry_order(entry);
-                let n = ((folio_len as usize).saturating_sub(offset)).min(dst.len() - done);
-                if n == 0 {
-                    break;
-                }
-                if view.peek_copy(&pin, &peek, offset, &mut dst[done..done + n])
-                    && cursor.reload() == entry
-                    && view.peek_valid(&peek)
-                {
-                    view.mark_accessed(&peek);
-                    copied = Some(n);
-                    break;
-                }
-            }
-            let Some(n) = copied else {
-                break;
-            };
-            done += n;
-            if done < dst.len() {
-                entry = cursor.load_next();
-            }
-        }
-        drop(cursor);
+        let (done, _, _) = crate::mapping::copy_hits(index, &view, &pin, pos, dst, None);
         drop(pin);
         Ok(if done == 0 {
             Hit::Miss
