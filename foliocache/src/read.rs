@@ -368,10 +368,10 @@ pub(crate) enum Wait {
 }
 
 /// Reads of a file from storage of at most this many bytes first copy what is cached without
-/// taking references ([`SmallReadPolicy::Optimistic`], [`Mapping::copy_hits`]). A reference
-/// is an atomic write to the folio's descriptor, which on a random read is a cache miss the
-/// CPU must finish before it goes on; a plain load of it overlaps with the copy's misses.
-/// Larger reads spread the references over more bytes and take the batch path.
+/// taking references ([`SmallReadPolicy::Optimistic`]). A reference is an atomic write to the
+/// folio's descriptor, which on a random read is a cache miss the CPU must finish before it
+/// goes on; a plain load of it overlaps with the copy's misses. Larger reads spread the
+/// references over more bytes and take the batch path.
 pub const HIT_READ_MAX: usize = 16 << 10;
 
 /// A read of a file from storage under `policy`: a read of at most [`HIT_READ_MAX`] bytes
