@@ -117,12 +117,13 @@ pub(crate) const HIT_TRIES: usize = 3;
 /// folio, without taking a reference, up to the first page it cannot serve this way: one not
 /// cached, not uptodate, carrying the READAHEAD mark (the referenced path must see that read
 /// to start the next window), or changing under the copy more than [`HIT_TRIES`] times.
-/// Returns the bytes copied, the folios they came from and the index walks it took. Each folio copied is validated (its
-/// sequence word and its slot, as [`Mapping::read_optimistic`]) and then marked accessed for
-/// reclaim, except the first when it covers byte `unmarked` (a read that continues in the
-/// folio the previous one ended in, which the kernel does not count again).
+/// Returns the bytes copied, the folios they came from and the index walks it took. Each
+/// folio copied is validated (its sequence word and its slot, as
+/// [`Mapping::read_optimistic`]) and then marked accessed for reclaim, except the first when
+/// it covers byte `unmarked` (a read that continues in the folio the previous one ended in,
+/// which the kernel does not count again).
 ///
-/// The hit path of a file from storage: a private cache's read (`read::read_disk_hits`) and a
+/// The hit path of a file from storage: a private cache's read (`read::read_disk_with`) and a
 /// shared cache's client. `pin` must keep `index`'s nodes and `view`'s folios from reuse, and
 /// be taken before the call (see [`crate::mem::optimistic`]).
 pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
