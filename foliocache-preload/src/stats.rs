@@ -32,8 +32,6 @@ macro_rules! counters {
 counters!(
     leases_taken,
     leases_broken,
-    reads,
-    bytes_from_cache,
     passthrough_reads,
     writes,
     bytes_written_through,
@@ -52,10 +50,39 @@ fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
 
-/// A read served by the cache, of `bytes` bytes.
-pub(crate) fn read_served(bytes: usize) {
-    add(&counter::reads, 1);
-    add(&counter::bytes_from_cache, bytes as u64);
+/// Shards of the counters every served read adds to, one cache line each: threads reading at
+/// once add to different lines (a shared line would move between their CPUs on every read).
+const READ_SHARDS: usize = 16;
+
+#[repr(align(128))]
+struct ReadShard {
+    reads: AtomicU64,
+    bytes: AtomicU64,
+}
+
+static READ_COUNTS: [ReadShard; READ_SHARDS] = [const {
+    ReadShard {
+        reads: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
+    }
+}; READ_SHARDS];
+
+/// A read served by the cache, of `bytes` bytes, counted in the shard of the thread numbered
+/// `thread` (any number is right; threads with different numbers mostly use different lines).
+pub(crate) fn read_served(thread: usize, bytes: usize) {
+    let shard = &READ_COUNTS[thread % READ_SHARDS];
+    add(&shard.reads, 1);
+    add(&shard.bytes, bytes as u64);
+}
+
+/// Served reads and their bytes, summed over the shards.
+fn reads_served() -> (u64, u64) {
+    READ_COUNTS.iter().fold((0, 0), |(reads, bytes), shard| {
+        (
+            reads + shard.reads.load(Ordering::Relaxed),
+            bytes + shard.bytes.load(Ordering::Relaxed),
+        )
+    })
 }
 
 /// A read of an intercepted fd that went to the kernel.
@@ -212,6 +239,10 @@ pub(crate) fn reset() {
     for counter in &PASSED {
         counter.store(0, Ordering::Relaxed);
     }
+    for shard in &READ_COUNTS {
+        shard.reads.store(0, Ordering::Relaxed);
+        shard.bytes.store(0, Ordering::Relaxed);
+    }
 }
 
 /// What the cache itself counted, for [`json`].
@@ -249,7 +280,7 @@ pub(crate) fn json(
         device_requests += io.requests;
         misses += misses_of(file);
     });
-    let reads = get(&counter::reads);
+    let (reads, bytes_from_cache) = reads_served();
     let program = program.replace('\\', "\\\\").replace('"', "\\\"");
     Some(format!(
         "{{\"pid\":{},\"program\":\"{program}\",\"reads\":{reads},\"hits\":{},\"misses\":{misses},\
@@ -260,7 +291,7 @@ pub(crate) fn json(
          \"passthrough\":{{{}}}{}}}\n",
         std::process::id(),
         reads.saturating_sub(misses),
-        get(&counter::bytes_from_cache),
+        bytes_from_cache,
         get(&counter::passthrough_reads),
         get(&counter::readahead_calls),
         get(&counter::files),

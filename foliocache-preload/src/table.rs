@@ -59,7 +59,7 @@ pub(crate) struct Description {
     /// The access-pattern advice (`posix_fadvise`) fresh readahead states start from.
     pub(crate) advice: AtomicI32,
     /// Readahead states (and write-behind streams).
-    pub(crate) handles: [Mutex<Option<foliocache::Handle>>; HANDLE_SLOTS],
+    pub(crate) handles: [crate::adapter::HandleSlot; HANDLE_SLOTS],
 }
 
 impl Drop for Description {

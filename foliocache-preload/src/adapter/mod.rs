@@ -93,7 +93,20 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 /// Readahead (and, in write-back mode, write-behind) states of one description.
-pub(crate) type Slots = [Mutex<Option<Handle>>];
+pub(crate) type Slots = [HandleSlot];
+
+/// One readahead state of a description, alone on its cache lines: each thread locks its own
+/// slot on every read, and two slots on one line would move it between the threads' CPUs.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct HandleSlot(Mutex<Option<Handle>>);
+
+impl std::ops::Deref for HandleSlot {
+    type Target = Mutex<Option<Handle>>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)

@@ -47,19 +47,26 @@ fn set_errno(errno: c_int) {
 const MAX_RW: usize = 0x7fff_f000;
 
 thread_local! {
-    /// This thread's preferred readahead slot in a description.
-    static SLOT: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// This thread's number (in order of first use): its preferred readahead slot in a
+    /// description, and its shard of the read counters.
+    static NUMBER: Cell<usize> = const { Cell::new(usize::MAX) };
 }
-static NEXT_SLOT: AtomicUsize = AtomicUsize::new(0);
+static NEXT_NUMBER: AtomicUsize = AtomicUsize::new(0);
 
+fn thread_number() -> usize {
+    NUMBER
+        .try_with(|number| {
+            if number.get() == usize::MAX {
+                number.set(NEXT_NUMBER.fetch_add(1, Ordering::Relaxed));
+            }
+            number.get()
+        })
+        .unwrap_or(0)
+}
+
+/// This thread's preferred readahead slot in a description.
 fn preferred_slot() -> usize {
-    SLOT.try_with(|slot| {
-        if slot.get() == usize::MAX {
-            slot.set(NEXT_SLOT.fetch_add(1, Ordering::Relaxed) % table::HANDLE_SLOTS);
-        }
-        slot.get()
-    })
-    .unwrap_or(0)
+    thread_number() % table::HANDLE_SLOTS
 }
 
 /// A call's 0 or -1 and errno, from the cache's answer.

@@ -2,7 +2,7 @@
 //! the description's offset (moving it) or at the given one; a hook nested in another, or a
 //! file passing through, reads with the real call.
 
-use super::{MAX_RW, preferred_slot, set_errno};
+use super::{MAX_RW, set_errno, thread_number};
 use crate::guard::{self, Entered};
 use crate::table::{self, Description};
 use crate::{real, stats};
@@ -35,12 +35,11 @@ unsafe fn read_at(
     // bytes and not used by anyone else during the call.
     let slice = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), count) };
     let advice = d.advice.load(Ordering::Relaxed);
-    match d
-        .inode
-        .read(fd, &d.handles, preferred_slot(), advice, slice, pos)
-    {
+    let thread = thread_number();
+    let slot = thread % table::HANDLE_SLOTS;
+    match d.inode.read(fd, &d.handles, slot, advice, slice, pos) {
         Some(Ok(n)) => {
-            stats::read_served(n);
+            stats::read_served(thread, n);
             n as ssize_t
         }
         Some(Err(errno)) => {
