@@ -19,7 +19,12 @@
 //!   reads with `pread`, and advises random access on open (its default), so its iterators
 //!   issue `readahead(2)` themselves. And the limit, `kernel-mmap`: `--mmap_read=1`, RocksDB
 //!   reading the kernel's page cache through `mmap` (no system call and no copy per block, no
-//!   block buffer allocated or cached), the most a cache behind `pread` could approach.
+//!   block buffer allocated or cached), a limit no cache behind `pread` reaches. And the limit
+//!   of a cache behind `pread`, `pread-limit`: RocksDB's reads of its table files served by a
+//!   copy out of a mapping populated when the file is opened (`pread_limit.c`, a preload
+//!   library for db_bench alone, built with the machine's C compiler when the suite starts):
+//!   what a `pread` costs when serving it costs nothing but the copy. Both limits are measured
+//!   in the warm cases only.
 //! * Metrics: `ops/s` as db_bench reports it (all threads), and `cpu_s`, user + system CPU
 //!   seconds of the db_bench process: the whole run (`wait4`), starting and opening the
 //!   database included, except for warm-in-process: from the first pass's result line
@@ -54,6 +59,12 @@ const SHARED: &str = "shared";
 /// (`--mmap_read=1`): no system call, no copy, and no block buffer to allocate or to put in
 /// the block cache. No cache behind `pread` can do better.
 const MMAP: &str = "kernel-mmap";
+/// The limit of a cache behind `pread`: each read of a table file is a copy out of a mapping
+/// (`pread_limit.c`), so RocksDB still allocates, fills and caches its block buffers, as it
+/// does through any `pread`.
+const PREAD_LIMIT: &str = "pread-limit";
+/// The source of the `pread-limit` preload library.
+const PREAD_LIMIT_SOURCE: &str = include_str!("pread_limit.c");
 const WORKLOADS: [&str; 2] = ["readseq", "readrandom"];
 
 struct Sizes {
@@ -364,6 +375,11 @@ trait System {
     fn counters(&self) -> Option<serde_json::Value> {
         None
     }
+
+    /// Checks, after each run, that the system did what its figures are credited to.
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The kernel: db_bench as it is, reading with `pread` through the kernel's page cache.
@@ -451,6 +467,113 @@ impl System for Mmap {
 
     fn args(&self) -> &[&'static str] {
         &["--mmap_read=1"]
+    }
+}
+
+/// The limit of a cache behind `pread` (see [`PREAD_LIMIT`]).
+struct PreadLimit {
+    env: Vec<(String, String)>,
+    /// Where the library appends `maps M preads P` at exit.
+    stats: PathBuf,
+}
+
+impl PreadLimit {
+    /// Builds the library from [`PREAD_LIMIT_SOURCE`] in `dir` with the machine's C compiler
+    /// (`cc`, else `gcc`).
+    fn build(dir: &Path) -> Result<Self, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let source = dir.join("pread_limit.c");
+        let library = dir.join("pread_limit.so");
+        std::fs::write(&source, PREAD_LIMIT_SOURCE)
+            .map_err(|e| format!("{}: {e}", source.display()))?;
+        let mut failures = Vec::new();
+        for compiler in ["cc", "gcc"] {
+            let built = Command::new(compiler)
+                .args(["-O2", "-shared", "-fPIC", "-o"])
+                .arg(&library)
+                .arg(&source)
+                .arg("-ldl")
+                .stdout(Stdio::null())
+                .output();
+            match built {
+                Ok(out) if out.status.success() => {
+                    return Ok(Self {
+                        env: vec![
+                            ("LD_PRELOAD".into(), library.display().to_string()),
+                            (
+                                "FCACHE_PREAD_LIMIT_STATS".into(),
+                                dir.join("stats").display().to_string(),
+                            ),
+                        ],
+                        stats: dir.join("stats"),
+                    });
+                }
+                Ok(out) => failures.push(format!(
+                    "{compiler}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )),
+                Err(e) => failures.push(format!("{compiler}: {e}")),
+            }
+        }
+        Err(failures.join("; "))
+    }
+
+    /// `(maps, preads)` of the last run.
+    fn served(&self) -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(&self.stats).ok()?;
+        let words: Vec<&str> = text.lines().last()?.split_whitespace().collect();
+        match words[..] {
+            ["maps", maps, "preads", preads] => Some((maps.parse().ok()?, preads.parse().ok()?)),
+            _ => None,
+        }
+    }
+}
+
+impl System for PreadLimit {
+    fn name(&self) -> &'static str {
+        PREAD_LIMIT
+    }
+
+    /// A limit of warm reads only; its files are populated when opened, so both cases are
+    /// served from memory.
+    fn cases(&self) -> &'static [Case] {
+        &[Case::Warm, Case::InProcess]
+    }
+
+    fn env(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    fn before_run(&self) {
+        let _ = std::fs::remove_file(&self.stats);
+    }
+
+    fn counters(&self) -> Option<serde_json::Value> {
+        let (maps, preads) = self.served()?;
+        Some(json!({ "table_files_mapped": maps, "preads_served_at_least": preads }))
+    }
+
+    fn check(&self) -> Result<(), String> {
+        match self.served() {
+            Some((maps, preads)) if maps > 0 && preads > 0 => Ok(()),
+            Some((maps, preads)) => Err(format!(
+                "the pread limit mapped {maps} table files and served {preads} reads: its \
+                 figures would be the kernel's"
+            )),
+            None => Err(format!(
+                "the pread limit left no counters in {}",
+                self.stats.display()
+            )),
+        }
+    }
+}
+
+/// A directory removed when the suite ends (failed or not).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
@@ -545,6 +668,7 @@ fn measure_workload(
                     }
                     Some(_) => {}
                 }
+                system.check()?;
                 samples.ops[k][c].push(result.ops[passes - 1]);
                 samples.cpu[k][c].push(result.cpu_s[passes - 1]);
                 if let Some(value) = system.counters() {
@@ -610,6 +734,22 @@ impl Samples {
                     self.busy[0][c].max(self.busy[k][c]),
                 );
             }
+            // The library's share of each limit measured in the case, per repetition.
+            for &k in &measured {
+                if ![PRIVATE, SHARED].contains(&systems[k].name()) {
+                    continue;
+                }
+                for &l in &measured {
+                    if [MMAP, PREAD_LIMIT].contains(&systems[l].name()) {
+                        report.paired(
+                            &label,
+                            (systems[k].name(), &self.ops[k][c]),
+                            (systems[l].name(), &self.ops[l][c]),
+                            self.busy[l][c].max(self.busy[k][c]),
+                        );
+                    }
+                }
+            }
             let bars = measured
                 .iter()
                 .filter_map(|&k| {
@@ -664,8 +804,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let db = std::fs::canonicalize(&database.dir).map_err(|e| e.to_string())?;
     let common = common_args(&db, &sizes);
 
-    // Runs per repetition and workload: kernel and mmap 3 cases each, private and shared 2.
-    let bar = ProgressBar::new((reps * WORKLOADS.len() * 10 + 1) as u64).with_style(
+    // The limit of a cache behind pread, if this machine can build it.
+    let limit_dir = TempDir(
+        std::env::temp_dir().join(format!("fcache-dbbench-pread-limit-{}", std::process::id())),
+    );
+    let pread_limit = PreadLimit::build(&limit_dir.0);
+    // Its length is set once the systems are known.
+    let bar = ProgressBar::new(1).with_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
             .progress_chars("=> "),
@@ -725,7 +870,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "dir": db.display().to_string(),
         }),
     );
-    let systems: Vec<Box<dyn System + '_>> = vec![
+    let mut systems: Vec<Box<dyn System + '_>> = vec![
         Box::new(Kernel),
         Box::new(Preload {
             name: PRIVATE,
@@ -744,6 +889,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         }),
         Box::new(Mmap),
     ];
+    let pread_limit_missing = match pread_limit {
+        Ok(limit) => {
+            systems.push(Box::new(limit));
+            None
+        }
+        Err(why) => Some(why),
+    };
+    // Runs per repetition and workload, and fillseq.
+    let runs_per_rep: usize = systems.iter().map(|s| s.cases().len()).sum();
+    bar.set_length((reps * WORKLOADS.len() * runs_per_rep + 1) as u64);
     let bench = Bench {
         program: &program,
         db: &db,
@@ -808,8 +963,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     for goal in GOALS {
         let measured = paired(goal.case, goal.system);
         let (at_least, bound) = goal.at_least(&|case| paired(case, MMAP));
+        let met = measured >= at_least;
         goals.push(format!(
-            "{} {}/kernel ≥ {at_least:.2}×{}: measured {measured:.2}× ({})",
+            "{} {}/kernel ≥ {at_least:.2}×{}: measured {measured:.2}× ({}){}",
             goal.case,
             goal.system,
             bound.map_or(String::new(), |mmap| format!(
@@ -817,10 +973,15 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                  kernel's pread, lower than {:.2}×)",
                 goal.ratio
             )),
-            if measured >= at_least {
+            if met {
                 "met"
             } else {
                 "out of reach in this run"
+            },
+            if goal.capped && !met {
+                limit_text(&report, goal.case, goal.system)
+            } else {
+                String::new()
             }
         ));
     }
@@ -834,6 +995,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
          outcome (operations, keys found) was the same through every system.",
         goals.join("; ")
     ));
+    if let Some(why) = pread_limit_missing {
+        report.notes.push(format!(
+            "The limit of a cache behind pread ({PREAD_LIMIT}) was not measured: its preload \
+             library could not be built ({why})."
+        ));
+    }
     if resident_after_drop > 0 {
         report.notes.push(format!(
             "Warning: {resident_after_drop} database pages stayed in the kernel's cache after \
@@ -842,6 +1009,29 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     }
     let _ = std::fs::remove_file(&stats_path);
     Ok(report)
+}
+
+/// What bounds a capped goal, measured in the same run: the limit of a cache behind `pread`
+/// against the kernel and against RocksDB's mmap reads, and `system`'s share of it (medians
+/// of per-repetition ratios). Empty when the limit was not measured.
+fn limit_text(report: &Report, case: &str, system: &str) -> String {
+    let median = |a: &str, b: &str| report.paired_ratio(case, a, b).map(|f| f.median);
+    let (Some(limit), Some(of_mmap), Some(share)) = (
+        median(PREAD_LIMIT, KERNEL),
+        median(system, MMAP)
+            .zip(median(system, PREAD_LIMIT))
+            .map(|(m, l)| m / l),
+        median(system, PREAD_LIMIT),
+    ) else {
+        return String::new();
+    };
+    format!(
+        "; what bounds it: RocksDB served by a copy out of a mapping, a pread that costs \
+         nothing but the copy ({PREAD_LIMIT}), read at {limit:.2}× the kernel, about \
+         {:.0}% of its mmap reads; {system} read at {:.0}% of that limit",
+        of_mmap * 100.0,
+        share * 100.0
+    )
 }
 
 /// A goal of the suite: `system` over the kernel on `case`, at least `ratio`, or 90% of the
@@ -946,17 +1136,38 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                 }
                 rows.push(row);
             }
-            // The ceiling of a capped goal's case: what no cache behind pread can pass.
-            if GOALS.iter().any(|g| g.capped && g.case == case)
-                && let Some(limit) = report.paired_ratio(&case, MMAP, KERNEL)
-            {
-                rows.push(
-                    Row::new("000", format!("db_bench {case}: mmap vs kernel"))
-                        .kernel(value(ops(KERNEL), 1e-3, ""))
-                        .limit(value(ops(MMAP), 1e-3, "mmap"))
-                        .ratio(Spread::of(limit, Unit::Times))
-                        .busy_from(&[Some(limit), ops(MMAP), ops(KERNEL)]),
-                );
+            // The ceilings of a capped goal's case: what no cache behind pread can pass (mmap),
+            // and what a pread costing only its copy reaches.
+            if GOALS.iter().any(|g| g.capped && g.case == case) {
+                for (limit, what) in [(MMAP, "mmap"), (PREAD_LIMIT, "pread limit")] {
+                    if let Some(ratio) = report.paired_ratio(&case, limit, KERNEL) {
+                        rows.push(
+                            Row::new("000", format!("db_bench {case}: {what} vs kernel"))
+                                .kernel(value(ops(KERNEL), 1e-3, ""))
+                                .limit(value(ops(limit), 1e-3, what))
+                                .ratio(Spread::of(ratio, Unit::Times))
+                                .busy_from(&[Some(ratio), ops(limit), ops(KERNEL)]),
+                        );
+                    }
+                }
+                for system in [PRIVATE, SHARED] {
+                    if let Some(share) = report.paired_ratio(&case, system, PREAD_LIMIT) {
+                        rows.push(
+                            Row::new(
+                                "000",
+                                format!("db_bench {case}, {system}: of the pread limit"),
+                            )
+                            .after(value(ops(system), 1e-3, ""))
+                            .limit(value(ops(PREAD_LIMIT), 1e-3, "pread limit"))
+                            .ratio(Spread::of(share, Unit::Percent))
+                            .busy_from(&[
+                                Some(share),
+                                ops(system),
+                                ops(PREAD_LIMIT),
+                            ]),
+                        );
+                    }
+                }
             }
         }
     }
@@ -965,7 +1176,66 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_result, outcome};
+    use super::{PreadLimit, System, is_result, outcome};
+    use std::process::Command;
+
+    /// The pread limit serves a table file's reads from its mapping with the bytes the file
+    /// has (at the end, across it, past it), passes other files through, and counts what it
+    /// served. A limit that answered wrong would inflate the figure it sets.
+    #[test]
+    fn the_pread_limit_serves_table_files_with_their_bytes() {
+        let dir =
+            std::env::temp_dir().join(format!("fcache-pread-limit-test-{}", std::process::id()));
+        let _clean = super::TempDir(dir.clone());
+        let limit = PreadLimit::build(&dir.join("lib")).expect("cc or gcc builds pread_limit.c");
+        let bytes: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        std::fs::write(dir.join("000001.sst"), &bytes).unwrap();
+        std::fs::write(dir.join("OTHER"), &bytes).unwrap();
+        let script = r#"
+import os, sys, hashlib
+out = []
+for name in sys.argv[1:]:
+    fd = os.open(name, os.O_RDONLY)
+    for at, n in [(0, 4096), (5000, 100), (9990, 100), (10000, 10), (20000, 1)]:
+        out.append(hashlib.sha256(os.pread(fd, n, at)).hexdigest())
+    os.close(fd)
+print(" ".join(out))
+"#;
+        let run = |preload: bool, files: &[&str]| {
+            limit.before_run();
+            let mut command = Command::new("python3");
+            command
+                .arg("-c")
+                .arg(script)
+                .args(files.iter().map(|f| dir.join(f)));
+            if preload {
+                command.envs(limit.env().iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            }
+            let out = command.output().expect("python3 runs");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let both = ["000001.sst", "OTHER"];
+        let kernel = run(false, &both);
+        assert_eq!(
+            run(true, &both),
+            kernel,
+            "the same bytes as the kernel's pread"
+        );
+        // One table file mapped; its five preads served (the other file's passed through).
+        assert_eq!(limit.served(), Some((1, 5)));
+        assert!(limit.check().is_ok());
+        run(true, &["OTHER"]);
+        assert_eq!(limit.served(), Some((0, 0)));
+        assert!(
+            limit.check().is_err(),
+            "a limit that served nothing is refused"
+        );
+    }
 
     #[test]
     fn an_outcome_keeps_what_was_done_and_drops_the_timings() {
