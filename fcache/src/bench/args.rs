@@ -36,7 +36,8 @@ pub(crate) struct BenchArgs {
     /// `read_ahead_kb`, as the kernel uses it; 2048 when sysfs does not tell).
     #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(0..=1048576))]
     pub(crate) ra_kb: Option<u64>,
-    /// Largest single read in KiB for the disk suites (default 128).
+    /// Largest single read in KiB for the disk suites: readseq's cache requests (default the
+    /// library's, 512) and multiproc's sequential records (default 128).
     #[arg(long, value_name = "KIB", value_parser = clap::value_parser!(u64).range(4..=65536))]
     pub(crate) request_kb: Option<u64>,
     /// The ELF executable for the exec suite (default: this fcache binary, and the Rust

@@ -612,7 +612,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let sizes = Sizes {
         file: if args.full { 1 << 30 } else { 256 << 20 },
         ra_bytes: ra_kb << 10,
-        request_bytes: (args.request_kb.unwrap_or(128) << 10) as usize,
+        request_bytes: args
+            .request_kb
+            .map_or(foliocache::raw::DEFAULT_REQUEST_BYTES, |kb| {
+                (kb << 10) as usize
+            }),
     };
     let threads_list: Vec<usize> = args
         .threads

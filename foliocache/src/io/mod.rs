@@ -39,10 +39,12 @@ use std::io;
 use std::sync::Arc;
 
 /// The default largest single I/O readahead submits: a window is split into requests of at most
-/// this many bytes, so a large window keeps several I/Os in flight (the device here did best at
-/// 128 KiB and queue depth 32: `docs/BENCHMARKS.md`, "Baseline: the disk").
+/// this many bytes, so a large window keeps several I/Os in flight, each completing (and waking
+/// its readers) on its own. 512 KiB: on this project's disk, reading into huge-page memory,
+/// 128 KiB requests topped out at about 85% of what 512 KiB ones do, and 2 MiB requests made
+/// a reader wait longer for a window's first pages (`docs/BENCHMARKS.md`, "Disk reads").
 /// `CacheBuilder::io_request_bytes` changes it.
-pub const DEFAULT_REQUEST_BYTES: usize = 128 << 10;
+pub const DEFAULT_REQUEST_BYTES: usize = 512 << 10;
 
 /// The most I/O vectors one request may have (the kernel's `UIO_MAXIOV`: a `readv` with more
 /// fails with `EINVAL`). Readahead ends a request at this many folios; the engines also split
