@@ -734,8 +734,9 @@ impl Samples {
                     self.busy[0][c].max(self.busy[k][c]),
                 );
             }
-            // The library's share of each limit measured in the case, per repetition.
-            for &k in &measured {
+            // The library's share of each limit measured in the case, per repetition (warm
+            // cases only: cold, mmap faults the file in and is no limit).
+            for &k in measured.iter().filter(|_| case != Case::Cold) {
                 if ![PRIVATE, SHARED].contains(&systems[k].name()) {
                     continue;
                 }
