@@ -75,26 +75,32 @@ static void track(int fd, const char *path, int flags)
     __atomic_fetch_add(&maps, 1, __ATOMIC_RELAXED);
 }
 
-static int mode_of(int flags, va_list args)
+/* The mode argument of an open call, present only when it creates a file. */
+#define MODE_OF(flags, mode)                                                                   \
+    do {                                                                                       \
+        va_list args;                                                                          \
+        va_start(args, flags);                                                                 \
+        mode = (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? va_arg(args, int) : 0; \
+        va_end(args);                                                                          \
+    } while (0)
+
+/* A descriptor the program just opened: tracked if it is a table file, errno kept. */
+static int opened(int fd, const char *path, int flags)
 {
-    return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? va_arg(args, int) : 0;
+    int saved = errno;
+    track(fd, path, flags);
+    errno = saved;
+    return fd;
 }
 
 int open(const char *path, int flags, ...)
 {
     static int (*real)(const char *, int, ...);
-    va_list args;
-    int mode, fd, saved;
-    va_start(args, flags);
-    mode = mode_of(flags, args);
-    va_end(args);
+    int mode;
+    MODE_OF(flags, mode);
     if (!real)
         real = next("open");
-    fd = real(path, flags, mode);
-    saved = errno;
-    track(fd, path, flags);
-    errno = saved;
-    return fd;
+    return opened(real(path, flags, mode), path, flags);
 }
 
 int open64(const char *path, int flags, ...) __attribute__((alias("open")));
@@ -102,18 +108,11 @@ int open64(const char *path, int flags, ...) __attribute__((alias("open")));
 int openat(int dir, const char *path, int flags, ...)
 {
     static int (*real)(int, const char *, int, ...);
-    va_list args;
-    int mode, fd, saved;
-    va_start(args, flags);
-    mode = mode_of(flags, args);
-    va_end(args);
+    int mode;
+    MODE_OF(flags, mode);
     if (!real)
         real = next("openat");
-    fd = real(dir, path, flags, mode);
-    saved = errno;
-    track(fd, path, flags);
-    errno = saved;
-    return fd;
+    return opened(real(dir, path, flags, mode), path, flags);
 }
 
 int openat64(int dir, const char *path, int flags, ...) __attribute__((alias("openat")));
