@@ -155,8 +155,7 @@ impl CacheBuilder {
     }
 
     /// The largest single read readahead submits, in bytes (rounded down to pages, at least
-    /// one page; default 512 KiB, [`DEFAULT_REQUEST_BYTES`](crate::raw::DEFAULT_REQUEST_BYTES)):
-    /// a window is split into requests of this size. At most
+    /// one page; default 512 KiB): a window is split into requests of this size. At most
     /// 64 MiB: `build` refuses more.
     pub fn io_request_bytes(mut self, bytes: usize) -> Self {
         self.request_bytes = bytes;
