@@ -140,6 +140,61 @@ fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
 }
 
 #[test]
+fn a_direct_stream_serves_every_byte_in_any_record_size_and_order() {
+    use foliocache::raw::probe::DirectStream;
+    // Not a multiple of the block: the last request is short.
+    let size = 9 * (64 << 10) + 3 * 4096 + 100;
+    let path = test_file("disk-stream", size);
+    for (block, depth, record) in [(64 << 10, 4, 8192), (4096, 1, 1000), (1 << 20, 8, 70_000)] {
+        let mut stream = match DirectStream::prepare(&path, block, depth) {
+            Ok(stream) => stream,
+            Err(Error::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+                common::skip("the target directory's file system has no direct I/O");
+                return;
+            }
+            Err(Error::Engine(error)) => {
+                common::skip(&format!("no io_uring here ({error})"));
+                return;
+            }
+            Err(error) => panic!("{error}"),
+        };
+        assert_eq!(stream.size(), size);
+        let mut buf = vec![0u8; record];
+        let mut at = 0u64;
+        loop {
+            let n = stream.read_at(&mut buf, at).unwrap();
+            if n == 0 {
+                break;
+            }
+            assert!(
+                buf[..n]
+                    .iter()
+                    .enumerate()
+                    .all(|(k, &b)| b == byte_at(at + k as u64)),
+                "block {block}, record {record}, at {at}"
+            );
+            at += n as u64;
+        }
+        assert_eq!(at, size, "block {block}, record {record}");
+        // Backwards, after the whole file has arrived, and from the middle of a block.
+        let n = stream.read_at(&mut buf[..5], 70_001).unwrap();
+        assert_eq!(n, 5);
+        assert!((0..5).all(|k| buf[k] == byte_at(70_001 + k as u64)));
+        assert_eq!(stream.read_at(&mut buf, size).unwrap(), 0);
+    }
+    // Far ahead first: the reader waits for every block up to the one it asked for.
+    let mut stream = DirectStream::prepare(&path, 64 << 10, 2).unwrap();
+    let mut buf = vec![0u8; 300];
+    let at = size - 300;
+    assert_eq!(stream.read_at(&mut buf, at).unwrap(), 300);
+    assert!((0..300).all(|k| buf[k] == byte_at(at + k as u64)));
+    for (block, depth) in [(0, 4), (1000, 4), (4096, 0), (4096, 5000)] {
+        let error = DirectStream::prepare(&path, block, depth).unwrap_err();
+        assert!(error.to_string().contains("block"), "{error}");
+    }
+}
+
+#[test]
 fn a_readers_small_misses_are_read_in_its_own_thread_and_windows_by_the_engine() {
     let size = 8 << 20;
     let path = test_file("disk-by-caller", size);

@@ -271,6 +271,196 @@ impl Probe {
     }
 }
 
+/// One file read front to back by O_DIRECT requests that its reader submits and reaps itself,
+/// served out of memory that keeps every byte: a cache with no lookup, no lock and no thread
+/// of its own, the least work a cache that copies into the reader's buffer can do. What it
+/// adds to [`sequential_read`] is the copy and the reader's waits; readseq compares a cache
+/// with it to tell what the device allows a reader from what the cache costs.
+///
+/// [`read_at`](Self::read_at) waits until every request up to the end of the asked range has
+/// completed (reaping completions and issuing the next requests on its own thread), then
+/// copies. Each read first reaps whatever has completed, so the queue stays `depth` deep while
+/// the reader copies.
+pub struct DirectStream {
+    // Dropped first: the ring goes before the memory its reads land in.
+    ring: IoUring,
+    file: std::fs::File,
+    size: u64,
+    block: usize,
+    depth: usize,
+    /// Where block `k` of the file lands: `k * block` bytes in.
+    backing: Arena,
+    /// The next block to request.
+    next: u64,
+    /// Which blocks have completed (those at or past `frontier`'s block matter).
+    done: Vec<bool>,
+    /// Every byte below this has been read.
+    frontier: u64,
+    in_flight: usize,
+}
+
+impl std::fmt::Debug for DirectStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectStream")
+            .field("size", &self.size)
+            .field("block", &self.block)
+            .field("depth", &self.depth)
+            .field("frontier", &self.frontier)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DirectStream {
+    /// Opens `path` with O_DIRECT and maps and faults in memory for all of it. Errors as
+    /// [`Probe::prepare`]'s.
+    pub fn prepare(path: &Path, block: usize, depth: usize) -> Result<Self, Error> {
+        if block == 0 || !block.is_multiple_of(4096) || depth == 0 || depth > 4096 {
+            return Err(Error::Engine(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "block must be a positive multiple of 4096 and depth 1..=4096",
+            )));
+        }
+        let open_error = |source| Error::Open {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .map_err(open_error)?;
+        let size = file.metadata().map_err(open_error)?.len();
+        let blocks = usize::try_from(size.div_ceil(block as u64))
+            .map_err(|_| Error::InvalidCapacity(size))?;
+        let backing = blocks
+            .max(1)
+            .checked_mul(block)
+            .map(|bytes| bytes.div_ceil(PAGE_SIZE))
+            .ok_or(Error::InvalidCapacity(size))
+            .and_then(|pages| Arena::new(pages, PAGE_SIZE << MAX_ORDER, true))?;
+        backing.prefault().map_err(Error::Prefault)?;
+        let ring = IoUring::new((depth as u32).next_power_of_two()).map_err(Error::Engine)?;
+        Ok(Self {
+            ring,
+            file,
+            size,
+            block,
+            depth,
+            backing,
+            next: 0,
+            done: vec![false; blocks],
+            frontier: 0,
+            in_flight: 0,
+        })
+    }
+
+    /// The file's size.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Copies the file's bytes at `offset` into `buf` (fewer at the end of the file, none past
+    /// it), once the device has delivered them. Errors: a failed or short device read.
+    pub fn read_at(&mut self, buf: &mut [u8], offset: u64) -> Result<usize, Error> {
+        if offset >= self.size || buf.is_empty() {
+            return Ok(0);
+        }
+        let end = self.size.min(offset.saturating_add(buf.len() as u64));
+        self.reap(false)?;
+        while self.frontier < end {
+            self.reap(true)?;
+        }
+        let len = (end - offset) as usize;
+        // SAFETY: `offset + len <= size <= blocks * block`, all inside `backing` (mapped for
+        // `blocks * block` bytes and alive while `self` is). Every byte below `frontier` was
+        // read by a request whose completion this thread reaped, so no read into them is in
+        // flight, and no block is requested twice: nothing writes these bytes any more.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(self.backing.page_ptr(0).add(offset as usize), len)
+        };
+        buf[..len].copy_from_slice(bytes);
+        Ok(len)
+    }
+
+    /// Issues requests up to `depth` in flight, reaps what has completed (waiting for one
+    /// completion if `wait`) and moves the frontier over the completed blocks.
+    fn reap(&mut self, wait: bool) -> Result<(), Error> {
+        let blocks = self.done.len() as u64;
+        let mut pushed = false;
+        while self.in_flight < self.depth && self.next < blocks {
+            let k = self.next;
+            let entry = opcode::Read::new(
+                types::Fd(self.file.as_raw_fd()),
+                self.backing
+                    .page_ptr(0)
+                    .wrapping_add(k as usize * self.block),
+                self.block as u32,
+            )
+            .offset(k * self.block as u64)
+            .build()
+            .user_data(k);
+            // SAFETY: block `k < blocks` lands in `backing` at `k * block`, inside its
+            // `blocks * block` bytes; `backing` outlives the ring (the ring is dropped first),
+            // each block is requested once (`next` only grows), and the file stays open.
+            if unsafe { self.ring.submission().push(&entry).is_err() } {
+                break;
+            }
+            self.next += 1;
+            self.in_flight += 1;
+            pushed = true;
+        }
+        if wait && self.in_flight > 0 {
+            self.ring.submit_and_wait(1).map_err(Error::Engine)?;
+        } else if pushed {
+            self.ring.submit().map_err(Error::Engine)?;
+        } else if self.ring.completion().is_empty() {
+            return Ok(());
+        }
+        let completed: Vec<(u64, i32)> = self
+            .ring
+            .completion()
+            .map(|cqe| (cqe.user_data(), cqe.result()))
+            .collect();
+        for (k, result) in completed {
+            self.in_flight -= 1;
+            let start = k.saturating_mul(self.block as u64);
+            let want = (self.size.saturating_sub(start)).min(self.block as u64);
+            let Some(slot) = usize::try_from(k).ok().and_then(|k| self.done.get_mut(k)) else {
+                continue;
+            };
+            if result < 0 || result as u64 != want {
+                let errno = if result < 0 { -result } else { libc::EIO };
+                return Err(Error::Io {
+                    offset: start,
+                    len: want,
+                    source: std::io::Error::from_raw_os_error(errno),
+                });
+            }
+            *slot = true;
+        }
+        while self.frontier < self.size
+            && self
+                .done
+                .get((self.frontier / self.block as u64) as usize)
+                .copied()
+                .unwrap_or(false)
+        {
+            self.frontier = (self.frontier + self.block as u64).min(self.size);
+        }
+        if wait && self.in_flight == 0 && self.frontier < self.size && self.next >= blocks {
+            // Cannot happen (every block requested and reaped moves the frontier to the end),
+            // but a reader must not wait for nothing.
+            return Err(Error::Io {
+                offset: self.frontier,
+                len: 0,
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Writes `block` bytes at each of `offsets`, in order, to `path` with O_DIRECT through one
 /// io_uring, keeping up to `depth` writes in flight, and `fdatasync`s after every
 /// `sync_every` writes (0: only at the end) and at the end: what the device does for a write
