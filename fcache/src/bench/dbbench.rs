@@ -78,17 +78,6 @@ struct Sizes {
     threads: u32,
 }
 
-/// The database directory (deleted on drop).
-struct Database {
-    dir: PathBuf,
-}
-
-impl Drop for Database {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// One finished db_bench run.
 struct RunResult {
     /// ops/s of each benchmark pass, in order.
@@ -568,7 +557,7 @@ impl System for PreadLimit {
     }
 }
 
-/// A directory removed when the suite ends (failed or not).
+/// A directory removed when the suite ends (failed or not): the database's, the pread limit's.
 struct TempDir(PathBuf);
 
 impl Drop for TempDir {
@@ -797,12 +786,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         }
     };
     let reps = args.reps.map_or(5, |r| r as usize);
-    let database = Database {
-        dir: base.join(format!("fcache-dbbench-{}", std::process::id())),
-    };
-    let _ = std::fs::remove_dir_all(&database.dir);
-    std::fs::create_dir_all(&database.dir).map_err(|e| e.to_string())?;
-    let db = std::fs::canonicalize(&database.dir).map_err(|e| e.to_string())?;
+    let database = TempDir(base.join(format!("fcache-dbbench-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&database.0);
+    std::fs::create_dir_all(&database.0).map_err(|e| e.to_string())?;
+    let db = std::fs::canonicalize(&database.0).map_err(|e| e.to_string())?;
     let common = common_args(&db, &sizes);
 
     // The limit of a cache behind pread, if this machine can build it.
