@@ -52,6 +52,17 @@ impl CacheCore {
         Ok(Arc::clone(self.engine.get_or_init(|| started)))
     }
 
+    /// `n` order-0 folios for a readahead window into `out`, the allocator locked once for
+    /// all (the fast path of [`alloc_for_readahead`](Self::alloc_for_readahead)). Reclaim is
+    /// left to the caller: when this returns fewer than `n`, it asks for the rest one by one.
+    pub(crate) fn alloc_pages_for_readahead<'c>(
+        &'c self,
+        n: usize,
+        out: &mut Vec<NewFolio<'c>>,
+    ) -> usize {
+        self.mem.alloc_folios(n, out)
+    }
+
     /// Allocates a folio for readahead, a read or a write, evicting idle folios read from
     /// storage when the arena is dry (and waking the flusher when what is left is dirty).
     pub(crate) fn alloc_for_readahead(&self, order: u8) -> Result<NewFolio<'_>, Error> {

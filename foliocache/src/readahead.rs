@@ -860,12 +860,18 @@ impl<'f> Submission<'f> {
     fn preallocate(&self, slots: &[Slot]) -> Option<Vec<NewFolio<'f>>> {
         let cache = &self.file.core;
         let mut folios = Vec::with_capacity(slots.len());
-        for slot in slots {
-            let folio = cache.alloc_for_readahead(slot.order).ok()?;
+        // A window of 4 KiB folios takes its pages in one go; what that cannot give (memory
+        // runs out, large folios) comes one by one, reclaiming as needed.
+        if slots.iter().all(|slot| slot.order == 0) {
+            cache.alloc_pages_for_readahead(slots.len(), &mut folios);
+        }
+        for slot in &slots[folios.len()..] {
+            folios.push(cache.alloc_for_readahead(slot.order).ok()?);
+        }
+        for (folio, slot) in folios.iter().zip(slots) {
             if slot.mark {
                 folio.set(flag::READAHEAD);
             }
-            folios.push(folio);
         }
         Some(folios)
     }

@@ -19,13 +19,15 @@ use super::filled;
 use crate::error::Error;
 use crate::sync::Mutex;
 use crate::sync::MutexGuard;
-use crate::sync::unmodelled::{AtomicUsize, Counter, Ordering};
+use crate::sync::unmodelled::Counter;
 use crossbeam_utils::CachePadded;
 
 const NIL: u32 = u32::MAX;
 const NOT_FREE: u8 = u8::MAX;
-/// Pages a per-thread cache takes from (or gives back to) the zone at once.
-const CACHE_BATCH: usize = 32;
+/// Pages a per-thread cache takes from (or gives back to) the zone at once: one block of
+/// order [`CACHE_BATCH_ORDER`] when the zone has one.
+const CACHE_BATCH: usize = 1 << CACHE_BATCH_ORDER;
+const CACHE_BATCH_ORDER: u8 = 5;
 /// A per-thread cache holding more than this gives a batch back.
 const CACHE_HIGH: usize = 3 * CACHE_BATCH;
 
@@ -110,8 +112,6 @@ pub(crate) const METADATA_BYTES_PER_PAGE: usize = 2 * std::mem::size_of::<u32>()
 pub(crate) struct Buddy {
     zone: Mutex<Zone>,
     caches: Box<[CachePadded<Mutex<Vec<u32>>>]>,
-    /// Pages sitting in per-thread caches (statistics).
-    cached: AtomicUsize,
     /// Times the zone lock was taken (statistics: shows the per-thread caches at work).
     zone_locks: Counter,
     max_order: u8,
@@ -157,7 +157,6 @@ impl Buddy {
                     ))
                 })
                 .collect(),
-            cached: AtomicUsize::new(0),
             zone_locks: Counter::default(),
             max_order,
         })
@@ -219,22 +218,67 @@ impl Buddy {
     fn alloc_cached(&self) -> Option<u32> {
         let mut cache = self.caches[cache_slot(self.caches.len())].lock();
         if cache.is_empty() {
-            let mut zone = self.zone();
-            for _ in 0..CACHE_BATCH {
-                match zone.alloc(0) {
-                    Some(pfn) => cache.push(pfn),
-                    None => break,
-                }
-            }
-            // The zone hands out ascending pages; the cache pops from the end. Reverse, so
-            // successive allocations get ascending, mostly contiguous pages: a file written
-            // sequentially is then laid out sequentially, which the CPU's prefetcher rewards.
-            cache.reverse();
-            self.cached.fetch_add(cache.len(), Ordering::Relaxed);
+            self.refill(&mut cache);
         }
-        let pfn = cache.pop()?;
-        self.cached.fetch_sub(1, Ordering::Relaxed);
-        Some(pfn)
+        cache.pop()
+    }
+
+    /// Fills an empty per-thread cache with a batch from the zone: page by page while smaller
+    /// free blocks are left (they go first, which keeps large blocks whole for large folios),
+    /// else one block of the batch's size split into its pages. The cache pops from the end,
+    /// so the pages go in descending: successive allocations get ascending, mostly contiguous
+    /// pages, and a file read or written sequentially is laid out sequentially, which the
+    /// CPU's prefetcher rewards.
+    fn refill(&self, cache: &mut Vec<u32>) {
+        let mut zone = self.zone();
+        if self.max_order >= CACHE_BATCH_ORDER
+            && zone.heads[..CACHE_BATCH_ORDER as usize]
+                .iter()
+                .all(|&head| head == NIL)
+            && let Some(first) = zone.alloc(CACHE_BATCH_ORDER)
+        {
+            // The block's pages are not free blocks of their own (`free_order` NOT_FREE), as
+            // for pages split off one by one: each is freed later as an order-0 page.
+            cache.extend((first..first + CACHE_BATCH as u32).rev());
+            return;
+        }
+        for _ in 0..CACHE_BATCH {
+            match zone.alloc(0) {
+                Some(pfn) => cache.push(pfn),
+                None => break,
+            }
+        }
+        cache.reverse();
+    }
+
+    /// Allocates up to `n` order-0 pages into `out` (appended, mostly ascending), taking the
+    /// per-thread cache's lock once for all of them rather than once per page: a readahead
+    /// window's folios at once. Fewer than `n` only when no page is free, even after the
+    /// per-thread caches are drained. Returns how many were added.
+    pub(crate) fn alloc_pages(&self, n: usize, out: &mut Vec<u32>) -> usize {
+        let before = out.len();
+        {
+            let mut cache = self.caches[cache_slot(self.caches.len())].lock();
+            while out.len() - before < n {
+                if cache.is_empty() {
+                    self.refill(&mut cache);
+                    if cache.is_empty() {
+                        break;
+                    }
+                }
+                let take = (n - (out.len() - before)).min(cache.len());
+                let from = cache.len() - take;
+                out.extend(cache.drain(from..).rev());
+            }
+        }
+        // As `alloc`: pages idling in other threads' caches are the last resort.
+        while out.len() - before < n {
+            match self.alloc(0) {
+                Some(pfn) => out.push(pfn),
+                None => break,
+            }
+        }
+        out.len() - before
     }
 
     /// Frees a block previously returned by `alloc(order)`.
@@ -242,14 +286,12 @@ impl Buddy {
         if order == 0 {
             let mut cache = self.caches[cache_slot(self.caches.len())].lock();
             cache.push(pfn);
-            self.cached.fetch_add(1, Ordering::Relaxed);
             if cache.len() > CACHE_HIGH {
                 let keep = cache.len() - CACHE_BATCH;
                 let mut zone = self.zone();
                 for pfn in cache.drain(keep..) {
                     zone.free(pfn, 0);
                 }
-                self.cached.fetch_sub(CACHE_BATCH, Ordering::Relaxed);
             }
             return;
         }
@@ -264,7 +306,6 @@ impl Buddy {
                 continue;
             }
             let mut zone = self.zone();
-            self.cached.fetch_sub(cache.len(), Ordering::Relaxed);
             for pfn in cache.drain(..) {
                 zone.free(pfn, 0);
             }
@@ -284,9 +325,12 @@ impl Buddy {
         out
     }
 
-    /// Free pages, per-thread caches included.
+    /// Free pages, per-thread caches included (statistics: the caches are counted one after
+    /// the other, not at one instant). Their count is not kept in one shared atomic, which
+    /// every thread's allocation and free would write.
     pub(crate) fn free_pages(&self) -> usize {
-        self.zone.lock().free_pages + self.cached.load(Ordering::Relaxed)
+        let cached: usize = self.caches.iter().map(|cache| cache.lock().len()).sum();
+        self.zone.lock().free_pages + cached
     }
 
     /// How many free blocks the zone holds of each order (per-thread caches not included).

@@ -385,13 +385,51 @@ impl Memory {
             }
             None => return Err(Error::NoMemory { order }),
         };
+        Ok(self.new_life(pfn, order))
+    }
+
+    /// Up to `n` order-0 folios at once into `out` (a readahead window of 4 KiB folios): the
+    /// allocator's per-thread cache is locked once for all of them. Fewer than `n` (perhaps
+    /// none) when memory runs out; the caller reclaims and asks again for the rest. Returns how
+    /// many were added. While a test has faults armed it adds none, so that the caller's
+    /// one-by-one path meets armed allocation failures one folio at a time.
+    pub(crate) fn alloc_folios<'m>(&'m self, n: usize, out: &mut Vec<NewFolio<'m>>) -> usize {
+        if self.inject.armed() {
+            return 0;
+        }
+        self.settle_index_reserve();
+        #[cfg(not(loom))]
+        if let Some((_, nodes)) = &self.shared {
+            nodes.top_up();
+        }
+        let mut pfns = Vec::with_capacity(n);
+        self.grace.buddy().alloc_pages(n, &mut pfns);
+        if pfns.len() < n && self.grace.pending_pages() > 0 {
+            // As `alloc_folio`: memory may be waiting for optimistic readers to finish with it.
+            self.grace.reclaim_deferred(Duration::from_millis(20));
+            let more = n - pfns.len();
+            self.grace.buddy().alloc_pages(more, &mut pfns);
+        }
+        out.reserve(pfns.len());
+        out.extend(pfns.iter().map(|&pfn| self.new_life(pfn, 0)));
+        pfns.len()
+    }
+
+    /// The first steps of a block's life as a folio, just taken from the free lists: a new
+    /// sequence number and clean fields, one reference (the allocator's caller's).
+    #[inline]
+    fn new_life(&self, pfn: u32, order: u8) -> NewFolio<'_> {
         if let Some(populator) = &self.populator {
             populator.allocated(pfn);
         }
         let desc = self.desc(pfn);
         // A new life begins: optimistic readers still looking at the old one must see the
         // bump before any byte the new owner writes (the fence orders the bump before them).
-        desc.seq.fetch_add(1, Ordering::Relaxed);
+        // A load and a store, not a locked increment: a free block's descriptor is written by
+        // its allocator alone (readers only load `seq`), so no bump can be lost, and a plain
+        // store lets the CPU overlap the misses of a batch's descriptors.
+        let seq = desc.seq.load(Ordering::Relaxed);
+        desc.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         fence(Ordering::Release);
         desc.order.store(order, Ordering::Relaxed);
         desc.flags.store(0, Ordering::Relaxed);
@@ -400,9 +438,9 @@ impl Memory {
         // Release: a speculative getter whose increment lands after this sees the fields above
         // and everything that happened before the block was freed.
         desc.refcount.init();
-        Ok(NewFolio {
+        NewFolio {
             folio: FolioRef { mem: self, pfn },
-        })
+        }
     }
 
     /// Makes a folio just allocated the staging folio of a client thread's slot (a shared
