@@ -820,6 +820,10 @@ struct Submission<'f> {
     run: Option<(u64, Vec<LockedFolio<'f>>, usize)>,
     requests: Vec<ReadRequest>,
     pages: u64,
+    /// Folios inserted, and those carrying the READAHEAD mark: added to the file's counters
+    /// once at submission (a locked increment of a shared line per folio was most of `push`).
+    folios: u64,
+    marks: u64,
     /// Each inserted folio's id and the shadow entry it replaced.
     inserted: Vec<(u32, Option<u64>)>,
     /// The caller waits for these reads at once (a miss).
@@ -834,6 +838,8 @@ impl<'f> Submission<'f> {
             run: None,
             requests: Vec::new(),
             pages: 0,
+            folios: 0,
+            marks: 0,
             inserted: Vec::new(),
             waits: false,
         }
@@ -979,10 +985,8 @@ impl<'f> Submission<'f> {
             *bytes += len;
         }
         self.pages += nr;
-        self.disk.ra.folios.inc();
-        if slot.mark {
-            self.disk.ra.marks.inc();
-        }
+        self.folios += 1;
+        self.marks += u64::from(slot.mark);
     }
 
     fn end_run(&mut self) {
@@ -1002,6 +1006,10 @@ impl<'f> Submission<'f> {
         self.end_run();
         let disk = self.disk;
         disk.ra.pages.add(self.pages);
+        disk.ra.folios.add(self.folios);
+        if self.marks > 0 {
+            disk.ra.marks.add(self.marks);
+        }
         // On the reclaim lists while the requests still hold their references (a folio on a
         // list must not be freed without leaving it, and freeing is what takes it off).
         let cache = &self.file.core;

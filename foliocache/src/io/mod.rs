@@ -577,10 +577,10 @@ impl ReadRequest {
             self.ended_bytes += len;
             let desc = self.mem.desc(pfn);
             if ok {
-                desc.flags
-                    .fetch_and(!flag::ERROR, crate::sync::Ordering::Relaxed);
+                desc.unlock_changing(flag::UPTODATE, flag::ERROR);
+            } else {
+                desc.unlock_with(flag::ERROR);
             }
-            desc.unlock_with(if ok { flag::UPTODATE } else { flag::ERROR });
             self.mem.put(pfn);
             if self.ended == 1 && self.mem.inject.take(&self.mem.inject.completion_panics) {
                 panic!("foliocache: injected panic while completing a read");

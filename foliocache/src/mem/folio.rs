@@ -126,15 +126,23 @@ impl FolioDesc {
         self.flags.load(Ordering::Relaxed) & flag::LOCKED != 0
     }
 
-    /// Unlocks, setting `also_set` first (release: a waiter that sees the lock free sees
-    /// them, and the bytes written before).
+    /// Unlocks, setting `also_set` in the same step (release: a waiter that sees the lock
+    /// free sees them, and the bytes written before).
     pub(crate) fn unlock_with(&self, also_set: u32) {
-        if also_set != 0 {
-            self.flags.fetch_or(also_set, Ordering::Release);
-        }
-        let before = self
-            .flags
-            .fetch_and(!(flag::LOCKED | flag::WAITERS), Ordering::SeqCst);
+        self.unlock_changing(also_set, 0);
+    }
+
+    /// Unlocks, setting `set` and clearing `clear` in the same atomic step as the lock bit:
+    /// one locked instruction where a flag change and an unlock took two or three (a read's
+    /// completion sets UPTODATE and clears ERROR on every folio it ends).
+    pub(crate) fn unlock_changing(&self, set: u32, clear: u32) {
+        debug_assert_eq!(set & (flag::LOCKED | flag::WAITERS), 0);
+        let unlocked = |flags: u32| (flags & !(clear | flag::LOCKED | flag::WAITERS)) | set;
+        let (Ok(before) | Err(before)) =
+            self.flags
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |flags| {
+                    Some(unlocked(flags))
+                });
         debug_assert!(before & flag::LOCKED != 0, "unlock of an unlocked folio");
         if before & flag::WAITERS != 0 {
             wait::wake_all(self.wait_key());

@@ -128,7 +128,10 @@ impl Memory {
                     .flags
                     .fetch_or(flag::LRU | flag::ACTIVE, Ordering::Relaxed),
                 List::Inactive => {
-                    desc.flags.fetch_and(!flag::ACTIVE, Ordering::Relaxed);
+                    // A new folio has no ACTIVE bit to clear: one locked instruction, not two.
+                    if flags & flag::ACTIVE != 0 {
+                        desc.flags.fetch_and(!flag::ACTIVE, Ordering::Relaxed);
+                    }
                     desc.flags.fetch_or(flag::LRU, Ordering::Relaxed)
                 }
             };
