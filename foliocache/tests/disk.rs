@@ -109,6 +109,23 @@ fn opening_a_missing_file_or_a_directory_is_a_clear_error() {
     assert!(error.to_string().contains("could not open"), "{error}");
 }
 
+/// A device probe's result, or `None` (the test skipped) where the target directory's file
+/// system has no direct I/O or the machine no io_uring.
+fn direct_or_skip<T>(result: Result<T, Error>) -> Option<T> {
+    match result {
+        Ok(value) => Some(value),
+        Err(Error::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
+            common::skip("the target directory's file system has no direct I/O");
+            None
+        }
+        Err(Error::Engine(error)) => {
+            common::skip(&format!("no io_uring here ({error})"));
+            None
+        }
+        Err(error) => panic!("{error}"),
+    }
+}
+
 #[test]
 fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
     use foliocache::raw::probe::{Buffers, Probe, concurrent_read, sequential_read};
@@ -116,17 +133,13 @@ fn the_device_probe_reads_every_byte_into_each_kind_of_buffer() {
     let size = 5 * (128 << 10) + 3 * 4096;
     let path = test_file("disk-probe", size);
     for buffers in [Buffers::Keep, Buffers::Reused, Buffers::ReusedSmallPages] {
-        let read = match sequential_read(&[path.as_path(), path.as_path()], 128 << 10, 4, buffers) {
-            Ok(read) => read,
-            Err(Error::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
-                common::skip("the target directory's file system has no direct I/O");
-                return;
-            }
-            Err(Error::Engine(error)) => {
-                common::skip(&format!("no io_uring here ({error})"));
-                return;
-            }
-            Err(error) => panic!("{buffers:?}: {error}"),
+        let Some(read) = direct_or_skip(sequential_read(
+            &[path.as_path(), path.as_path()],
+            128 << 10,
+            4,
+            buffers,
+        )) else {
+            return;
         };
         assert_eq!(read.bytes, 2 * size, "{buffers:?}");
         let groups = vec![vec![path.as_path()], vec![path.as_path()]];
@@ -146,17 +159,8 @@ fn a_direct_stream_serves_every_byte_in_any_record_size_and_order() {
     let size = 9 * (64 << 10) + 3 * 4096 + 100;
     let path = test_file("disk-stream", size);
     for (block, depth, record) in [(64 << 10, 4, 8192), (4096, 1, 1000), (1 << 20, 8, 70_000)] {
-        let mut stream = match DirectStream::prepare(&path, block, depth) {
-            Ok(stream) => stream,
-            Err(Error::Open { source, .. }) if source.raw_os_error() == Some(libc::EINVAL) => {
-                common::skip("the target directory's file system has no direct I/O");
-                return;
-            }
-            Err(Error::Engine(error)) => {
-                common::skip(&format!("no io_uring here ({error})"));
-                return;
-            }
-            Err(error) => panic!("{error}"),
+        let Some(mut stream) = direct_or_skip(DirectStream::prepare(&path, block, depth)) else {
+            return;
         };
         assert_eq!(stream.size(), size);
         let mut buf = vec![0u8; record];

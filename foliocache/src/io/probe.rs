@@ -16,6 +16,33 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// Refuses a request shape the probes cannot use: a `block` that is not a positive multiple of
+/// 4096, a `depth` outside 1..=4096.
+fn check_shape(block: usize, depth: usize) -> Result<(), Error> {
+    if block == 0 || !block.is_multiple_of(4096) || depth == 0 || depth > 4096 {
+        return Err(Error::Engine(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "block must be a positive multiple of 4096 and depth 1..=4096",
+        )));
+    }
+    Ok(())
+}
+
+/// Opens `path` for reading with O_DIRECT: the file and its size.
+fn open_direct(path: &Path) -> Result<(std::fs::File, u64), Error> {
+    let open_error = |source| Error::Open {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .map_err(open_error)?;
+    let size = file.metadata().map_err(open_error)?.len();
+    Ok((file, size))
+}
+
 /// The result of [`sequential_read`].
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DeviceRead {
@@ -122,31 +149,11 @@ impl Probe {
         depth: usize,
         buffers: Buffers,
     ) -> Result<Self, Error> {
-        if block == 0 || !block.is_multiple_of(4096) || depth == 0 || depth > 4096 {
-            return Err(Error::Engine(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "block must be a positive multiple of 4096 and depth 1..=4096",
-            )));
-        }
-        let mut files = Vec::with_capacity(paths.len());
-        for path in paths {
-            let file = std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-                .map_err(|source| Error::Open {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-            let size = file
-                .metadata()
-                .map_err(|source| Error::Open {
-                    path: path.to_path_buf(),
-                    source,
-                })?
-                .len();
-            files.push((file, size));
-        }
+        check_shape(block, depth)?;
+        let files = paths
+            .iter()
+            .map(|path| open_direct(path))
+            .collect::<Result<Vec<_>, _>>()?;
         // Buffers: page aligned for O_DIRECT, huge-page aligned too. `Keep` gives each
         // request its own `block` bytes (in file order); the others give each slot its own.
         let keep = buffers == Buffers::Keep;
@@ -315,22 +322,8 @@ impl DirectStream {
     /// Opens `path` with O_DIRECT and maps and faults in memory for all of it. Errors as
     /// [`Probe::prepare`]'s.
     pub fn prepare(path: &Path, block: usize, depth: usize) -> Result<Self, Error> {
-        if block == 0 || !block.is_multiple_of(4096) || depth == 0 || depth > 4096 {
-            return Err(Error::Engine(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "block must be a positive multiple of 4096 and depth 1..=4096",
-            )));
-        }
-        let open_error = |source| Error::Open {
-            path: path.to_path_buf(),
-            source,
-        };
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT)
-            .open(path)
-            .map_err(open_error)?;
-        let size = file.metadata().map_err(open_error)?.len();
+        check_shape(block, depth)?;
+        let (file, size) = open_direct(path)?;
         let blocks = usize::try_from(size.div_ceil(block as u64))
             .map_err(|_| Error::InvalidCapacity(size))?;
         let backing = blocks
