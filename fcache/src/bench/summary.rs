@@ -34,6 +34,10 @@ pub(crate) struct Spread {
     pub(crate) min: Option<f64>,
     pub(crate) max: Option<f64>,
     pub(crate) unit: Unit,
+    /// One more digit than usual: the value rounds onto a goal it misses (89.6% against
+    /// ≥ 90% would read "90% ✗").
+    #[serde(default)]
+    pub(crate) fine: bool,
 }
 
 impl Spread {
@@ -44,6 +48,7 @@ impl Spread {
             min: None,
             max: None,
             unit,
+            fine: false,
         }
     }
 
@@ -54,14 +59,16 @@ impl Spread {
             min: (figure.runs > 1).then_some(figure.min),
             max: (figure.runs > 1).then_some(figure.max),
             unit,
+            fine: false,
         }
     }
 
     fn show(self, x: f64) -> String {
+        let extra = usize::from(self.fine);
         match self.unit {
-            Unit::Times => format!("{x:.2}×"),
-            Unit::Percent => format!("{:.0}%", x * 100.0),
-            Unit::Points => format!("{x:.1}%"),
+            Unit::Times => format!("{x:.*}×", 2 + extra),
+            Unit::Percent => format!("{:.*}%", extra, x * 100.0),
+            Unit::Points => format!("{x:.*}%", 1 + extra),
         }
     }
 
@@ -152,11 +159,14 @@ impl Row {
 
     /// Checks the ratio's median against `at_least` (in the ratio's own unit: 0.9 for 90%).
     pub(crate) fn at_least(mut self, at_least: f64) -> Self {
-        if let Some(r) = self.ratio {
+        if let Some(r) = self.ratio.as_mut() {
+            let met = r.value >= at_least;
             self.goal = Some(Goal {
                 text: format!("≥ {}", r.show(at_least)),
-                met: r.value >= at_least,
+                met,
             });
+            // A miss must not print as the goal itself.
+            r.fine = !met && r.show(r.value) == r.show(at_least);
         }
         self
     }
@@ -365,6 +375,29 @@ mod tests {
         assert!(!goal.met);
         assert_eq!(goal.text, "≥ 90%");
         assert!(rows[2].busy);
+    }
+
+    #[test]
+    fn a_miss_that_rounds_onto_its_goal_shows_one_more_digit() {
+        let row = Row::new("000", "share")
+            .ratio(Spread::single(0.8962, Unit::Percent))
+            .at_least(0.9);
+        assert!(!row.goal.as_ref().unwrap().met);
+        assert_eq!(row.goal.as_ref().unwrap().text, "≥ 90%");
+        assert_eq!(row.ratio.unwrap().text(), "89.6%");
+        let row = Row::new("000", "ratio")
+            .ratio(Spread::single(0.9962, Unit::Times))
+            .at_least(1.0);
+        assert_eq!(row.ratio.unwrap().text(), "0.996×");
+        // A miss that already reads as one, and a value that meets its goal, keep their digits.
+        let row = Row::new("000", "ratio")
+            .ratio(Spread::single(0.95, Unit::Times))
+            .at_least(1.0);
+        assert_eq!(row.ratio.unwrap().text(), "0.95×");
+        let row = Row::new("000", "ratio")
+            .ratio(Spread::single(1.004, Unit::Times))
+            .at_least(1.0);
+        assert_eq!(row.ratio.unwrap().text(), "1.00×");
     }
 
     #[test]
