@@ -442,8 +442,11 @@ impl DirectStream {
             self.frontier = (self.frontier + self.block as u64).min(self.size);
         }
         if wait && self.in_flight == 0 && self.frontier < self.size && self.next >= blocks {
-            // Cannot happen (every block requested and reaped moves the frontier to the end),
-            // but a reader must not wait for nothing.
+            // Every block was requested and none is in flight, yet the frontier stopped short:
+            // a block failed in an earlier call (which returned its error; a failed block is
+            // not read again, and the completions reaped with it were dropped). A stream is not
+            // used after an error; should it be, its reader gets this error, not a wait for
+            // nothing.
             return Err(Error::Io {
                 offset: self.frontier,
                 len: 0,
