@@ -395,8 +395,15 @@ pub fn is_pinned() -> bool {
 /// may still hold pins of, see `docs/SHARED.md`), and tells it the current epoch.
 pub fn add_external(external: Arc<dyn External>, at_least: u64) {
     let domain = domain();
-    let garbage = domain.garbage.lock();
-    domain.epoch.fetch_max(at_least, Ordering::AcqRel);
+    let mut garbage = domain.garbage.lock();
+    let before = domain.epoch.fetch_max(at_least, Ordering::AcqRel);
+    if at_least > before {
+        // A jump is not an advance: nothing was scanned. What is queued still waits for two
+        // advances that scan every reader, counted from the new epoch.
+        for (tag, _) in &mut garbage.queue {
+            *tag = at_least;
+        }
+    }
     domain.externals.lock().push(Arc::clone(&external));
     external.advanced(domain.epoch.load(Ordering::Acquire));
     drop(garbage);
@@ -575,6 +582,54 @@ mod tests {
         release_tx.send(()).unwrap();
         reader.join().unwrap();
         // Other tests of this binary pin too (briefly): collect until they let go.
+        let start = std::time::Instant::now();
+        while !ran.load(std::sync::atomic::Ordering::SeqCst) {
+            collect();
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "never ran after the reader unpinned"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    /// Readers elsewhere that are always caught up.
+    struct NoReaders;
+    impl External for NoReaders {
+        fn caught_up(&self, _epoch: u64) -> bool {
+            true
+        }
+        fn advanced(&self, _epoch: u64) {}
+    }
+
+    #[test]
+    fn an_epoch_raised_by_a_new_external_still_waits_for_pinned_readers() {
+        let ran = Arc::new(AtomicBool::new(false));
+        let (pinned_tx, pinned_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let reader = std::thread::spawn(move || {
+            let guard = pin();
+            pinned_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+            drop(guard);
+        });
+        pinned_rx.recv().unwrap();
+        let flag = Arc::clone(&ran);
+        defer(move || flag.store(true, std::sync::atomic::Ordering::SeqCst));
+        // A shared cache's new owner starts the epoch far above the one the reader pinned.
+        let external: Arc<dyn External> = Arc::new(NoReaders);
+        add_external(Arc::clone(&external), epoch() + 10);
+        for _ in 0..10 {
+            collect();
+        }
+        let early = ran.load(std::sync::atomic::Ordering::SeqCst);
+        release_tx.send(()).unwrap();
+        reader.join().unwrap();
+        remove_external(&external);
+        assert!(
+            !early,
+            "ran while a reader pinned before the defer (and before the jump) was still pinned"
+        );
         let start = std::time::Instant::now();
         while !ran.load(std::sync::atomic::Ordering::SeqCst) {
             collect();
