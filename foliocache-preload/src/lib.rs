@@ -386,6 +386,9 @@ extern "C" fn start() {
                 registry: Mutex::new(Registry::default()),
                 back: Mutex::new(BackMap::new()),
             });
+            // The cache's epochs choose their barrier while the program most likely has one
+            // thread: registering for `membarrier` is then cheap.
+            let _ = foliocache::epoch_barrier();
             // SAFETY: the three handlers are `extern "C" fn()` items of this library, which
             // stays loaded for the life of the process (an LD_PRELOAD library is never
             // unloaded).

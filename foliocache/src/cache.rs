@@ -245,6 +245,10 @@ impl CacheBuilder {
     /// a max order above 9; the arena mapping failing.
     pub fn build(self) -> Result<Cache, Error> {
         let checked = self.check()?;
+        // The epochs choose their barrier now, before this cache starts threads of its own:
+        // registering for `membarrier` costs microseconds in a process with one thread and a
+        // grace period of the kernel's (about 12 ms measured) in one with several.
+        let _ = crate::mem::epoch::barrier();
         #[cfg(not(loom))]
         if let Some(name) = &self.shared {
             let settings = self.shared_settings(&checked)?;

@@ -89,6 +89,7 @@ pub use io::{
     WriteBackend,
 };
 pub use mapping::MappingStats;
+pub use mem::epoch::{BARRIER_VAR as EPOCH_BARRIER_VAR, Barrier as EpochBarrier};
 pub use mem::{FolioRef, MAX_ORDER, PAGE_SIZE};
 pub use memfile::MAX_FILE_SIZE;
 pub use policy::{
@@ -99,6 +100,15 @@ pub use read::{HIT_READ_MAX, MAX_READ_RUN, ReadRun, SMALL_READ_MAX, Slice};
 pub use readahead::{MAX_READAHEAD_BYTES, RaState};
 pub use reclaim::ReclaimStats;
 pub use stats::RaStats;
+
+/// How this process's lockless readers publish their epoch pins (set by
+/// [`EPOCH_BARRIER_VAR`]). The choice is made once, on the first use of the epochs; making it
+/// early, while the process has one thread, makes registering for `membarrier` cheap (a few
+/// microseconds, against a grace period of the kernel's once other threads run).
+/// [`CacheBuilder::build`] makes it before the cache starts threads of its own.
+pub fn epoch_barrier() -> EpochBarrier {
+    mem::epoch::barrier()
+}
 
 /// The shared cache's owner program (`foliocache-owner`): its whole `main`. Programs do not
 /// call it; the binary of that name does.

@@ -63,7 +63,11 @@ pub mod refcount {
 /// lockless reader).
 pub mod epoch {
     #[cfg(loom)]
-    pub use crate::mem::epoch::AccessTracker;
+    pub use crate::mem::epoch::{
+        AccessTracker, barrier_point, model_barrier, model_without_heavy_barrier,
+    };
+    /// How pins order themselves, and the variable that chooses it.
+    pub use crate::mem::epoch::{BARRIER_VAR, Barrier, barrier};
     /// Readers in other processes (a shared cache's client threads): their pin words, how an
     /// owner counts them in its grace periods, and the mirror of the epoch they pin with.
     pub use crate::mem::epoch::{

@@ -2,7 +2,9 @@
 //! through a shared slot and check it stays alive while they are pinned; writers replace
 //! objects and defer their frees. The oracle is a `Vec` of per-object free counts: at the end
 //! every replaced object was freed exactly once and the current one never, and no pinned
-//! reader ever saw its object freed.
+//! reader ever saw its object freed. It runs in both of the pins' barrier modes: asymmetric in
+//! the test process (the default), symmetric in a child process started with
+//! `FOLIOCACHE_EPOCH_BARRIER=symmetric` (the mode is chosen once per process).
 //!
 //! Duration: `FOLIOCACHE_STRESS_SECS` seconds (default 2).
 
@@ -32,7 +34,28 @@ fn payload_of(object: usize) -> u64 {
 }
 
 #[test]
-fn pinned_readers_never_see_their_object_freed() {
+fn pinned_readers_never_see_their_object_freed_with_asymmetric_barriers() {
+    if epoch::barrier() != epoch::Barrier::Asymmetric {
+        common::skip("the kernel refuses membarrier's private expedited command here");
+        return;
+    }
+    hammer();
+}
+
+#[test]
+fn pinned_readers_never_see_their_object_freed_with_symmetric_barriers() {
+    const NAME: &str = "pinned_readers_never_see_their_object_freed_with_symmetric_barriers";
+    if common::child_role().is_some() {
+        assert_eq!(epoch::barrier(), epoch::Barrier::Symmetric);
+        hammer();
+        return;
+    }
+    let status = common::run_child_with(NAME, "symmetric", &[(epoch::BARRIER_VAR, "symmetric")]);
+    assert!(status.success(), "the symmetric run failed: {status}");
+}
+
+/// Readers and writers for the stress duration, then the oracle's checks.
+fn hammer() {
     let world = Arc::new(World {
         slot: AtomicUsize::new(0),
         next: AtomicUsize::new(1),
@@ -107,7 +130,8 @@ fn pinned_readers_never_see_their_object_freed() {
     for t in readers.into_iter().chain(writers) {
         t.join().unwrap();
     }
-    // Nobody is pinned now: everything deferred can run (other tests of this binary are none).
+    // Nobody is pinned now: everything deferred can run (the other test of this binary pins
+    // only in its child process).
     let start = Instant::now();
     while epoch::pending() > 0 {
         epoch::collect();
@@ -132,8 +156,9 @@ fn pinned_readers_never_see_their_object_freed() {
         "no progress"
     );
     eprintln!(
-        "{} pinned reads, {} objects replaced and freed",
+        "{} pinned reads, {} objects replaced and freed ({} barriers)",
         reads.load(Ordering::Relaxed),
-        created - 1
+        created - 1,
+        epoch::barrier().name()
     );
 }

@@ -13,9 +13,15 @@
 //! standing for its memory: the reader's uses are reads of it, the free a write. loom reports a read and a write that are not ordered by
 //! happens-before, so the models check causality, not only what the flags show (they fail when
 //! the pin's store is relaxed, the hole a re-pin would leave).
+//!
+//! The local models run in both of the pins' barrier modes (`epoch::Barrier`): symmetric, where
+//! each pin executes a `SeqCst` fence, and asymmetric, where a pin only stores and the advancer's
+//! modelled `membarrier` has every other thread execute the fence at one of its barrier points
+//! (in the pin, the unpin, and between the reader's reads below). A last model runs the
+//! asymmetric mode without the heavy barrier and must find a free under a reader.
 #![cfg(loom)]
 
-use foliocache::raw::epoch::{self, AccessTracker};
+use foliocache::raw::epoch::{self, AccessTracker, Barrier};
 use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 use std::sync::Arc;
@@ -44,6 +50,7 @@ impl World {
             !self.freed[found].load(Ordering::Relaxed),
             "object {found} freed before the reader's load"
         );
+        epoch::barrier_point();
         loom::thread::yield_now();
         self.memory[found].read();
         assert!(
@@ -66,9 +73,9 @@ impl World {
 }
 
 /// One reader, one replacement.
-#[test]
-fn pinned_reader_vs_replace_and_free() {
-    loom::model(|| {
+fn pinned_reader_vs_replace_and_free(barrier: Barrier) {
+    loom::model(move || {
+        epoch::model_barrier(barrier);
         let world = World::new(2);
         let reader = {
             let world = Arc::clone(&world);
@@ -81,11 +88,21 @@ fn pinned_reader_vs_replace_and_free() {
     });
 }
 
+#[test]
+fn pinned_reader_vs_replace_and_free_symmetric() {
+    pinned_reader_vs_replace_and_free(Barrier::Symmetric);
+}
+
+#[test]
+fn pinned_reader_vs_replace_and_free_asymmetric() {
+    pinned_reader_vs_replace_and_free(Barrier::Asymmetric);
+}
+
 /// A reader pinning twice (its second pin may carry a stale epoch) against two replacements:
 /// the epoch moves through several values while the reader comes and goes.
-#[test]
-fn repinning_reader_vs_two_replacements() {
-    loom::model(|| {
+fn repinning_reader_vs_two_replacements(barrier: Barrier) {
+    loom::model(move || {
+        epoch::model_barrier(barrier);
         let world = World::new(3);
         let reader = {
             let world = Arc::clone(&world);
@@ -103,10 +120,27 @@ fn repinning_reader_vs_two_replacements() {
     });
 }
 
-/// Two readers and a writer: an advance must wait for every pinned participant.
 #[test]
-fn two_readers_vs_replace_and_free() {
-    loom::model(|| {
+fn repinning_reader_vs_two_replacements_symmetric() {
+    repinning_reader_vs_two_replacements(Barrier::Symmetric);
+}
+
+#[test]
+fn repinning_reader_vs_two_replacements_asymmetric() {
+    repinning_reader_vs_two_replacements(Barrier::Asymmetric);
+}
+
+/// Two readers and a writer: an advance must wait for every pinned participant. In asymmetric
+/// mode the model explores where each reader serves the heavy barrier, which multiplies its
+/// interleavings: at three preemptions it ran for about five minutes here (and passed), so it
+/// runs with at most two unless `FOLIOCACHE_LOOM_DEEP` is set.
+fn two_readers_vs_replace_and_free(barrier: Barrier) {
+    let mut builder = loom::model::Builder::new();
+    if barrier == Barrier::Asymmetric && std::env::var_os("FOLIOCACHE_LOOM_DEEP").is_none() {
+        builder.preemption_bound = Some(builder.preemption_bound.map_or(2, |b| b.min(2)));
+    }
+    builder.check(move || {
+        epoch::model_barrier(barrier);
         let world = World::new(2);
         let readers: Vec<_> = (0..2)
             .map(|_| {
@@ -120,6 +154,72 @@ fn two_readers_vs_replace_and_free() {
         }
         epoch::collect();
         assert!(world.freed[0].load(Ordering::Relaxed));
+    });
+}
+
+#[test]
+fn two_readers_vs_replace_and_free_symmetric() {
+    two_readers_vs_replace_and_free(Barrier::Symmetric);
+}
+
+#[test]
+fn two_readers_vs_replace_and_free_asymmetric() {
+    two_readers_vs_replace_and_free(Barrier::Asymmetric);
+}
+
+/// Asymmetric pins whose advancer skips the heavy barrier: nothing orders the reader's pin
+/// store before its load of the slot, so the model must find the free under the reader.
+#[test]
+fn asymmetric_pins_without_the_heavy_barrier_are_caught() {
+    let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let found = seen.clone();
+    loom::model(move || {
+        epoch::model_without_heavy_barrier();
+        let world = World::new(2);
+        let reader = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                let guard = epoch::pin();
+                let found = world.slot.load(Ordering::Acquire);
+                loom::thread::yield_now();
+                let freed = world.freed[found].load(Ordering::Relaxed);
+                drop(guard);
+                freed
+            })
+        };
+        world.replace(1);
+        if reader.join().unwrap() {
+            found.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    });
+    assert!(
+        seen.load(std::sync::atomic::Ordering::Relaxed),
+        "the model missed a free under an asymmetric pin with no heavy barrier"
+    );
+}
+
+/// A local reader in asymmetric mode and a client in another process (whose pin keeps its
+/// full barrier, which `membarrier` does not replace) against one replacement.
+#[test]
+fn asymmetric_local_reader_and_client_vs_replace() {
+    loom::model(|| {
+        epoch::model_barrier(Barrier::Asymmetric);
+        let world = World::new(2);
+        let clients = Clients::register(1);
+        let reader = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || world.read())
+        };
+        let client = {
+            let (world, clients) = (Arc::clone(&world), Arc::clone(&clients));
+            thread::spawn(move || world.client_read(&clients, 0, false, true))
+        };
+        world.replace(1);
+        reader.join().unwrap();
+        assert!(
+            !client.join().unwrap(),
+            "an object was freed under a pinned client"
+        );
     });
 }
 

@@ -15,35 +15,69 @@
 //! * One global epoch (a counter), and one *participant* per thread (registered on first use,
 //!   unregistered when the thread exits), each on its own cache line, holding `IDLE` or the
 //!   epoch it pinned.
-//! * **Pin** (outermost only; nested pins just count): load the global epoch, store it in the
-//!   participant (release), then a `SeqCst` fence, so the loads the reader does next cannot be
-//!   satisfied before the store is visible to an advancer (on x86-64 the store and the fence
-//!   are one `xchg`: `publish_pin`). **Unpin**: store `IDLE` (release).
-//!   Both stores are releases: whichever of them an advancer reads, the reads the reader made
-//!   while pinned before it happen before what the advance lets be freed. (A relaxed pin store
-//!   would not do: a later plain store does not carry an earlier release, so an advancer that
-//!   read a re-pin instead of the unpin would not be ordered after the reader's reads.)
+//! * **Pin** (outermost only; nested pins just count): load the global epoch (acquire), store it
+//!   in the participant (release), then a barrier, so the loads the reader does next cannot be
+//!   satisfied before the store is visible to an advancer. Which barrier depends on the
+//!   domain's [`Barrier`], chosen once per process:
+//!   - *symmetric*: a `SeqCst` fence, pairing with the advancer's (on x86-64 the store and the
+//!     fence are one `xchg`: `publish_pin`);
+//!   - *asymmetric* (the default where the kernel offers it): only a compiler fence. The
+//!     advancer supplies the hardware barrier instead: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`
+//!     makes every CPU that runs one of this process's threads execute a full barrier before it
+//!     returns, as if a signal handler had run a `SeqCst` fence on each of them. That costs the
+//!     advancer a system call and an interrupt per busy CPU, and the readers nothing.
+//!
+//!   **Unpin**: store `IDLE` (release).
 //! * **Defer** (a writer that has unlinked something): under the garbage lock, a `SeqCst` fence,
 //!   then tag the function with the current epoch and queue it. It may run once the epoch has
 //!   advanced twice past its tag.
-//! * **Advance** (writers only, serialised by the garbage lock): after a `SeqCst` fence, scan the
-//!   participants; if each is idle or pinned in the current epoch, an acquire fence and the epoch
-//!   moves up by one. Readers never advance, so on a read-only workload the epoch line is never
-//!   written and stays shared in every core's cache.
+//! * **Advance** (writers only, serialised by the garbage lock): in asymmetric mode the heavy
+//!   barrier first (once per attempt, which makes up to two advances); then, per advance, a
+//!   `SeqCst` fence (for readers in other processes, see [`external_pin`], whom `membarrier`
+//!   does not reach, and for every reader in symmetric mode) and a scan of the participants;
+//!   if each is idle or pinned in the current epoch, an acquire fence and the epoch moves up by
+//!   one. Readers never advance, so on a read-only workload the epoch line is never written and
+//!   stays shared in every core's cache.
 //!
 //! Why two advances are enough: a reader that could reach an object unlinked before a defer
-//! tagged `t` was pinned before the unlink was visible to it, so in an epoch `≤ t` (or idle when
-//! the advance to `t + 1` scanned it, and then, by the fences, its later loads see the unlink).
+//! tagged `t` was pinned before the unlink was visible to it, so in an epoch `≤ t` (a reader
+//! whose acquire load read `t + 1` or later reads after the advance that stored it, which came
+//! after the tag was read and so after the unlink; or one that was idle when the advance to
+//! `t + 1` scanned it and pinned after: by the barriers, its later loads see the unlink).
 //! The advance from `t + 1` to `t + 2` requires it idle or pinned at `t + 1`, so by then it has
 //! unpinned since; the value that scan read was stored (with release) after those reads, and
 //! the scan's acquire fence orders them before the free.
+//!
+//! Why one heavy barrier serves both advances of an attempt: the argument above needs, for
+//! each scan, that a reader the scan does not see pinned is idle or reads after the unlinks.
+//! Take the barrier `M`, made with the garbage lock held and before the scans, so every object
+//! in the queue was unlinked before `M` began. Each thread of the process executes a full
+//! barrier at some point during `M`. If a reader's pin store precedes that point in its program
+//! order, the store is visible to every scan after `M`, which reads it or a later value of the
+//! word. If the point precedes the pin store, it precedes every read the pin protects, and those
+//! reads see every unlink made before `M`: the reader can reach nothing in the queue. Both scans
+//! of the attempt come after `M`. Symmetric mode is the case where each reader's barrier sits
+//! right after its own pin store.
+//!
+//! If the heavy barrier ever fails (a system call filter installed after the domain chose
+//! asymmetric mode), no advance is made from then on: deferred memory stays unfreed, which is
+//! safe, and the failure is reported once on standard error. A reader that chose its barrier
+//! from the mode cannot be made to see a change of mode without the very barrier that failed.
+//!
+//! The heavy barrier is rate-limited: `defer` attempts an advance every [`ADVANCE_EVERY`] defers
+//! but, in asymmetric mode, not sooner than [`MIN_HEAVY_INTERVAL`] after the last barrier (an
+//! interrupt per busy CPU, about 17 µs of the caller's time on this project's 2-vCPU virtual
+//! machines). [`collect`], which callers use when memory runs dry, is not limited.
 //!
 //! The loom model in `tests/loom_epoch.rs` checks this protocol itself (a reader that finds an
 //! object never sees it freed), and the folio models in `tests/loom_optimistic.rs` and
 //! `tests/loom_reclaim.rs` run on top of it: under `--cfg loom` the very same code runs, with
 //! the global state in a `loom::lazy_static` and the participants in `loom::thread_local`.
 //! loom drops its statics when the model's closure returns, so a model must join every thread
-//! that may still pin, defer or collect before returning.
+//! that may still pin, defer or collect before returning. loom cannot issue `membarrier`, so
+//! its models run in symmetric mode: they check the protocol with each reader's barrier in
+//! place, and asymmetric mode differs only in who executes that barrier, as argued above.
+//! `tests/epoch_stress.rs` runs real threads against an oracle in both modes.
 
 use crate::sync::unmodelled::{AtomicUsize as PlainUsize, Ordering as PlainOrdering};
 use crate::sync::{AtomicU64, Mutex, Ordering, fence};
@@ -70,10 +104,112 @@ const ADVANCE_EVERY: usize = 16;
 #[cfg(loom)]
 const ADVANCE_EVERY: usize = 1;
 
+/// In asymmetric mode, the least time between two heavy barriers that `defer` asks for: at
+/// most a thousand a second, some 2% of one CPU at 17 µs each. Memory freed meanwhile waits
+/// that much longer; an allocation that finds the arena dry calls [`collect`], which does not
+/// wait.
+#[cfg(not(loom))]
+const MIN_HEAVY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How a pin orders its store before the reads it protects (see the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Barrier {
+    /// Each pin executes a full barrier.
+    Symmetric,
+    /// A pin executes a compiler fence only; an advance asks the kernel for a full barrier on
+    /// every CPU running one of the process's threads (`membarrier(2)`).
+    Asymmetric,
+}
+
+impl Barrier {
+    /// The name `FOLIOCACHE_EPOCH_BARRIER` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Symmetric => "symmetric",
+            Self::Asymmetric => "asymmetric",
+        }
+    }
+}
+
+/// The environment variable that chooses the mode: `symmetric`, or `asymmetric` (the default,
+/// which falls back to symmetric when the kernel refuses `membarrier`).
+pub const BARRIER_VAR: &str = "FOLIOCACHE_EPOCH_BARRIER";
+
+/// The mode this process runs in: asymmetric unless [`BARRIER_VAR`] says `symmetric` or the
+/// kernel does not let the process register for `membarrier`'s private expedited command.
+#[cfg(not(loom))]
+fn choose_barrier() -> Barrier {
+    let wanted = match std::env::var(BARRIER_VAR) {
+        Ok(v) if v == "symmetric" => Barrier::Symmetric,
+        Ok(v) if v == "asymmetric" || v.is_empty() => Barrier::Asymmetric,
+        Ok(v) => {
+            eprintln!(
+                "foliocache: {BARRIER_VAR}={v:?} is neither \"symmetric\" nor \"asymmetric\"; \
+                 using the default (asymmetric where the kernel allows it)"
+            );
+            Barrier::Asymmetric
+        }
+        Err(_) => Barrier::Asymmetric,
+    };
+    if wanted == Barrier::Asymmetric && membarrier::register().is_ok() {
+        Barrier::Asymmetric
+    } else {
+        Barrier::Symmetric
+    }
+}
+
+/// The kernel's process-wide barrier, `membarrier(2)`.
+#[cfg(not(loom))]
+mod membarrier {
+    /// `MEMBARRIER_CMD_PRIVATE_EXPEDITED` (linux/membarrier.h).
+    const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+    /// `MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED`.
+    const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+    fn call(cmd: libc::c_int) -> std::io::Result<()> {
+        // SAFETY: membarrier takes a command and two integer arguments (flags 0, cpu id
+        // unused); it reads and writes no memory of this process.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                cmd,
+                0 as libc::c_uint,
+                0 as libc::c_int,
+            )
+        };
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Registers the process for [`heavy`] (once is enough; a forked child inherits it).
+    pub(super) fn register() -> std::io::Result<()> {
+        call(REGISTER_PRIVATE_EXPEDITED)
+    }
+
+    /// Returns once every CPU running a thread of this process has executed a full memory
+    /// barrier (a CPU that switches to one of them later does so on the way in). Registers
+    /// again if the kernel says the process is not registered.
+    pub(super) fn heavy() -> std::io::Result<()> {
+        match call(PRIVATE_EXPEDITED) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) => {
+                register()?;
+                call(PRIVATE_EXPEDITED)
+            }
+            other => other,
+        }
+    }
+}
+
 type Deferred = Box<dyn FnOnce() + Send>;
 
 struct Participant {
     state: CachePadded<AtomicU64>,
+    /// Under loom, this thread's side of the heavy barrier's model.
+    #[cfg(loom)]
+    model: loom_heavy::Side,
 }
 
 #[derive(Default)]
@@ -82,6 +218,15 @@ struct Garbage {
     queue: VecDeque<(u64, Deferred)>,
     /// Defers since the last advance attempt.
     since_advance: usize,
+    /// When the last heavy barrier was made (asymmetric mode).
+    #[cfg(not(loom))]
+    last_heavy: Option<std::time::Instant>,
+    /// The heavy barrier failed: no advance is made any more (see the module comment).
+    #[cfg(not(loom))]
+    stuck: bool,
+    /// Under loom: the number of the last heavy barrier requested.
+    #[cfg(loom)]
+    heavy_generation: usize,
 }
 
 /// Readers outside this process whose pins count too: a shared cache's client threads (see
@@ -95,9 +240,33 @@ pub trait External: Send + Sync {
     fn advanced(&self, epoch: u64);
 }
 
+/// What every pin reads: the epoch and the mode, on one line that only advances write.
+struct Head {
+    epoch: AtomicU64,
+    /// Set once, before any pin: the pins' barrier is a compiler fence ([`Barrier`]).
+    #[cfg(not(loom))]
+    asymmetric: bool,
+    /// Under loom a model chooses the mode ([`model_barrier`]) before its threads pin.
+    #[cfg(loom)]
+    asymmetric: std::sync::atomic::AtomicBool,
+    /// Under loom: the flawed variant that skips the heavy barrier ([`model_without_heavy_barrier`]).
+    #[cfg(loom)]
+    skip_heavy: std::sync::atomic::AtomicBool,
+}
+
+impl Head {
+    #[inline]
+    fn asymmetric(&self) -> bool {
+        #[cfg(not(loom))]
+        return self.asymmetric;
+        #[cfg(loom)]
+        return self.asymmetric.load(std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The global state: the epoch, the participants, the queue of deferred functions.
 struct Domain {
-    epoch: CachePadded<AtomicU64>,
+    head: CachePadded<Head>,
     participants: Mutex<Vec<Arc<Participant>>>,
     /// Readers in other processes (a shared cache's owner has its clients here).
     externals: Mutex<Vec<Arc<dyn External>>>,
@@ -108,8 +277,17 @@ struct Domain {
 
 impl Domain {
     fn new() -> Self {
+        #[cfg(not(loom))]
+        let asymmetric = choose_barrier() == Barrier::Asymmetric;
+        #[cfg(loom)]
+        let asymmetric = std::sync::atomic::AtomicBool::new(false);
         Self {
-            epoch: CachePadded::new(AtomicU64::new(1)),
+            head: CachePadded::new(Head {
+                epoch: AtomicU64::new(1),
+                asymmetric,
+                #[cfg(loom)]
+                skip_heavy: std::sync::atomic::AtomicBool::new(false),
+            }),
             participants: Mutex::ranked(crate::sync::order::Rank::EpochParticipants, Vec::new()),
             externals: Mutex::ranked(crate::sync::order::Rank::EpochParticipants, Vec::new()),
             garbage: Mutex::ranked(crate::sync::order::Rank::EpochGarbage, Garbage::default()),
@@ -120,9 +298,10 @@ impl Domain {
     /// Moves the epoch up by one if every participant is idle or pinned in the current epoch.
     /// Called with the garbage lock held (advances are serialised by it). Returns the epoch.
     fn try_advance(&self, _serialised: &mut Garbage) -> u64 {
-        let epoch = self.epoch.load(Ordering::Relaxed);
-        // Pairs with the readers' fence after their pin: a participant this scan sees idle
-        // pins later, and its loads then see every unlink made before this point.
+        let epoch = self.head.epoch.load(Ordering::Relaxed);
+        // Pairs with the fence after a symmetric or external pin: a participant this scan sees
+        // idle pins later, and its loads then see every unlink made before this point. (In
+        // asymmetric mode the heavy barrier made before the scans does this for local pins.)
         fence(Ordering::SeqCst);
         let all_caught_up = self.participants.lock().iter().all(|p| {
             let state = p.state.load(Ordering::Relaxed);
@@ -138,7 +317,7 @@ impl Domain {
         // Pairs with the unpins (release) read above: the reads their readers made while pinned
         // happen before anything freed after this advance.
         fence(Ordering::Acquire);
-        self.epoch.store(epoch + 1, Ordering::Release);
+        self.head.epoch.store(epoch + 1, Ordering::Release);
         // After the store: a reader elsewhere that reads the old value pins an epoch that is
         // already behind, which only holds the next advance back (see `external_pin`).
         for external in &externals {
@@ -160,7 +339,10 @@ impl Domain {
     /// Up to two advances (each needs every participant caught up), then the expired functions.
     fn advance_and_take(&self, garbage: &mut Garbage) -> Vec<Deferred> {
         garbage.since_advance = 0;
-        let mut epoch = self.epoch.load(Ordering::Relaxed);
+        let mut epoch = self.head.epoch.load(Ordering::Relaxed);
+        if !self.heavy_barrier(garbage) {
+            return self.expired(garbage, epoch);
+        }
         for _ in 0..2 {
             let next = self.try_advance(garbage);
             if next == epoch {
@@ -169,6 +351,75 @@ impl Domain {
             epoch = next;
         }
         self.expired(garbage, epoch)
+    }
+
+    /// In asymmetric mode, the barrier every local reader executes on the advancer's behalf
+    /// (once per attempt, see the module comment). Returns whether advances may be made.
+    #[cfg(not(loom))]
+    fn heavy_barrier(&self, garbage: &mut Garbage) -> bool {
+        if !self.head.asymmetric() {
+            return true;
+        }
+        if garbage.stuck {
+            return false;
+        }
+        match membarrier::heavy() {
+            Ok(()) => {
+                garbage.last_heavy = Some(std::time::Instant::now());
+                true
+            }
+            Err(e) => {
+                garbage.stuck = true;
+                eprintln!(
+                    "foliocache: membarrier failed ({e}); memory deferred for lockless readers \
+                     is no longer freed in this process (set {BARRIER_VAR}=symmetric to avoid this)"
+                );
+                false
+            }
+        }
+    }
+
+    /// Under loom: every other registered thread executes a `SeqCst` fence at one of its
+    /// barrier points, or is parked, or has gone (see [`loom_heavy`]).
+    #[cfg(loom)]
+    fn heavy_barrier(&self, garbage: &mut Garbage) -> bool {
+        if !self.head.asymmetric()
+            || self
+                .head
+                .skip_heavy
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return true;
+        }
+        let me = LOCAL.try_with(|l| Arc::clone(&l.participant)).ok();
+        let others: Vec<Arc<Participant>> = self
+            .participants
+            .lock()
+            .iter()
+            .filter(|p| !me.as_ref().is_some_and(|me| Arc::ptr_eq(p, me)))
+            .cloned()
+            .collect();
+        loom_heavy::barrier(
+            &mut garbage.heavy_generation,
+            others.iter().map(|p| &p.model),
+        );
+        true
+    }
+
+    /// Whether `defer` may attempt an advance now (the heavy barrier's rate limit).
+    fn may_attempt(&self, garbage: &Garbage) -> bool {
+        if garbage.since_advance < ADVANCE_EVERY {
+            return false;
+        }
+        #[cfg(not(loom))]
+        if self.head.asymmetric()
+            && garbage
+                .last_heavy
+                .is_some_and(|t| t.elapsed() < MIN_HEAVY_INTERVAL)
+        {
+            return false;
+        }
+        true
     }
 
     fn run(&self, ready: Vec<Deferred>) {
@@ -180,16 +431,30 @@ impl Domain {
         }
     }
 
+    /// Takes the garbage lock. Under loom a thread blocked here counts as having executed the
+    /// heavy barrier (a thread asleep in the kernel has, on the way in and out).
+    fn lock_garbage(&self) -> crate::sync::MutexGuard<'_, Garbage> {
+        #[cfg(loom)]
+        if self.head.asymmetric() {
+            let me = LOCAL.with(|l| Arc::clone(&l.participant));
+            me.model.park();
+            let garbage = self.garbage.lock();
+            me.model.unpark();
+            return garbage;
+        }
+        self.garbage.lock()
+    }
+
     fn defer(&self, f: Deferred) {
         let ready = {
-            let mut garbage = self.garbage.lock();
+            let mut garbage = self.lock_garbage();
             // Orders the caller's unlink before the tag is read (see the module comment).
             fence(Ordering::SeqCst);
-            let tag = self.epoch.load(Ordering::Relaxed);
+            let tag = self.head.epoch.load(Ordering::Relaxed);
             garbage.queue.push_back((tag, f));
             self.pending.fetch_add(1, PlainOrdering::Relaxed);
             garbage.since_advance += 1;
-            if garbage.since_advance >= ADVANCE_EVERY {
+            if self.may_attempt(&garbage) {
                 self.advance_and_take(&mut garbage)
             } else {
                 Vec::new()
@@ -202,7 +467,7 @@ impl Domain {
 
     fn collect(&self) {
         let ready = {
-            let mut garbage = self.garbage.lock();
+            let mut garbage = self.lock_garbage();
             self.advance_and_take(&mut garbage)
         };
         self.run(ready);
@@ -211,6 +476,8 @@ impl Domain {
     fn register(&self) -> Arc<Participant> {
         let participant = Arc::new(Participant {
             state: CachePadded::new(AtomicU64::new(IDLE)),
+            #[cfg(loom)]
+            model: loom_heavy::Side::new(),
         });
         self.participants.lock().push(Arc::clone(&participant));
         participant
@@ -282,8 +549,22 @@ impl Local {
         let depth = self.depth.get();
         self.depth.set(depth + 1);
         if depth == 0 {
-            let epoch = self.domain.epoch.load(Ordering::Relaxed);
-            publish_pin(&self.participant.state, pinned(epoch));
+            self.barrier_point();
+            // Acquire: a reader that reads an epoch reads after the unlinks made before the
+            // advance that stored it.
+            let epoch = self.domain.head.epoch.load(Ordering::Acquire);
+            if self.domain.head.asymmetric() {
+                self.barrier_point();
+                self.participant
+                    .state
+                    .store(pinned(epoch), Ordering::Release);
+                // The compiler keeps the reads after the store; the CPU's ordering comes from
+                // the advancer's heavy barrier.
+                std::sync::atomic::compiler_fence(Ordering::SeqCst);
+                self.barrier_point();
+            } else {
+                publish_pin(&self.participant.state, pinned(epoch));
+            }
         }
     }
 
@@ -292,16 +573,30 @@ impl Local {
         let depth = self.depth.get() - 1;
         self.depth.set(depth);
         if depth == 0 {
+            self.barrier_point();
             // Release: everything read while pinned happens before a free that follows an
             // advance which saw this store.
             self.participant.state.store(IDLE, Ordering::Release);
+            self.barrier_point();
+        }
+    }
+
+    /// Where, under loom, this thread may execute a heavy barrier an advancer asked for.
+    #[inline(always)]
+    fn barrier_point(&self) {
+        #[cfg(loom)]
+        if self.domain.head.asymmetric() {
+            self.participant.model.serve();
         }
     }
 }
 
 impl Drop for Local {
     fn drop(&mut self) {
+        self.barrier_point();
         self.participant.state.store(IDLE, Ordering::Release);
+        #[cfg(loom)]
+        self.participant.model.leave();
         self.domain.unregister(&self.participant);
     }
 }
@@ -396,7 +691,7 @@ pub fn is_pinned() -> bool {
 pub fn add_external(external: Arc<dyn External>, at_least: u64) {
     let domain = domain();
     let mut garbage = domain.garbage.lock();
-    let before = domain.epoch.fetch_max(at_least, Ordering::AcqRel);
+    let before = domain.head.epoch.fetch_max(at_least, Ordering::AcqRel);
     if at_least > before {
         // A jump is not an advance: nothing was scanned. What is queued still waits for two
         // advances that scan every reader, counted from the new epoch.
@@ -405,7 +700,7 @@ pub fn add_external(external: Arc<dyn External>, at_least: u64) {
         }
     }
     domain.externals.lock().push(Arc::clone(&external));
-    external.advanced(domain.epoch.load(Ordering::Acquire));
+    external.advanced(domain.head.epoch.load(Ordering::Acquire));
     drop(garbage);
 }
 
@@ -485,7 +780,120 @@ pub fn pending() -> usize {
 
 /// The global epoch (tests and diagnostics).
 pub fn epoch() -> u64 {
-    domain().epoch.load(Ordering::Relaxed)
+    domain().head.epoch.load(Ordering::Relaxed)
+}
+
+/// Under loom: the mode this execution's pins use, chosen by the model before any thread pins
+/// (the default is symmetric).
+#[cfg(loom)]
+pub fn model_barrier(barrier: Barrier) {
+    domain().head.asymmetric.store(
+        barrier == Barrier::Asymmetric,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// Under loom: asymmetric pins with advances that skip the heavy barrier, a flawed protocol a
+/// model must catch.
+#[cfg(loom)]
+pub fn model_without_heavy_barrier() {
+    model_barrier(Barrier::Asymmetric);
+    domain()
+        .head
+        .skip_heavy
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Under loom: a point in a model's reader where it may execute a heavy barrier an advancer
+/// asked for (a real thread may execute it anywhere; the pin and unpin have such points too).
+#[cfg(loom)]
+pub fn barrier_point() {
+    LOCAL.with(|l| l.barrier_point());
+}
+
+/// The model of `membarrier` under loom. An advancer numbers its request, posts the number to
+/// every other registered thread and waits until each has served it (a `SeqCst` fence at one of
+/// its barrier points, then an acknowledgement), is parked on the garbage lock, or has gone.
+/// The posting and the acknowledgement carry happens-before both ways, as the real call does:
+/// what the advancer did before it is visible to the thread after its barrier, and what the
+/// thread did before its barrier is visible to the advancer after the call returns. Where the
+/// thread serves the request is left to loom's scheduler, as the kernel leaves it to timing.
+#[cfg(loom)]
+mod loom_heavy {
+    use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+
+    pub(super) struct Side {
+        request: AtomicUsize,
+        served: AtomicUsize,
+        parked: AtomicBool,
+        gone: AtomicBool,
+    }
+
+    impl Side {
+        pub(super) fn new() -> Self {
+            Self {
+                request: AtomicUsize::new(0),
+                served: AtomicUsize::new(0),
+                parked: AtomicBool::new(false),
+                gone: AtomicBool::new(false),
+            }
+        }
+
+        /// On the thread itself: executes the barrier if one was asked for.
+        pub(super) fn serve(&self) {
+            let request = self.request.load(Ordering::Acquire);
+            if request > self.served.load(Ordering::Relaxed) {
+                fence(Ordering::SeqCst);
+                self.served.store(request, Ordering::Release);
+            }
+        }
+
+        /// About to block on the garbage lock (a sleeping thread needs no interrupt).
+        pub(super) fn park(&self) {
+            self.parked.store(true, Ordering::Release);
+        }
+
+        /// Woken with the lock: the way back from the kernel is a barrier too.
+        pub(super) fn unpark(&self) {
+            self.parked.store(false, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+        }
+
+        /// The thread is exiting (after its last unpin).
+        pub(super) fn leave(&self) {
+            self.gone.store(true, Ordering::Release);
+        }
+    }
+
+    /// The advancer's call (with the garbage lock held).
+    pub(super) fn barrier<'a>(generation: &mut usize, others: impl Iterator<Item = &'a Side>) {
+        *generation += 1;
+        let request = *generation;
+        fence(Ordering::SeqCst);
+        let others: Vec<&Side> = others.collect();
+        for side in &others {
+            side.request.store(request, Ordering::Release);
+        }
+        for side in &others {
+            while side.served.load(Ordering::Acquire) < request
+                && !side.parked.load(Ordering::Acquire)
+                && !side.gone.load(Ordering::Acquire)
+            {
+                loom::thread::yield_now();
+            }
+        }
+        fence(Ordering::SeqCst);
+    }
+}
+
+/// The barrier this process's pins use, chosen when the process first uses the epochs (a pin, a
+/// defer, building a cache, or this call).
+pub fn barrier() -> Barrier {
+    if domain().head.asymmetric() {
+        Barrier::Asymmetric
+    } else {
+        Barrier::Symmetric
+    }
 }
 
 /// The epoch's locks, held by a thread that is about to fork (see [`crate::fork`]).
@@ -638,6 +1046,16 @@ mod tests {
                 "never ran after the reader unpinned"
             );
             std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn the_barrier_is_asymmetric_where_the_kernel_allows_it() {
+        let wanted = std::env::var(BARRIER_VAR).ok();
+        if wanted.as_deref() == Some("symmetric") {
+            assert_eq!(barrier(), Barrier::Symmetric);
+        } else if membarrier::register().is_ok() {
+            assert_eq!(barrier(), Barrier::Asymmetric);
         }
     }
 

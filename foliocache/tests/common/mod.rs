@@ -155,10 +155,16 @@ pub fn stress_duration() -> Duration {
 /// and, in the child, does the part that must run alone (set a resource limit, abort on
 /// purpose). Output of the child is passed through.
 pub fn run_child(name: &str, role: &str) -> std::process::ExitStatus {
+    run_child_with(name, role, &[])
+}
+
+/// [`run_child`] with more variables in the child's environment.
+pub fn run_child_with(name: &str, role: &str, vars: &[(&str, &str)]) -> std::process::ExitStatus {
     let exe = std::env::current_exe().expect("the test binary's path");
     std::process::Command::new(exe)
         .args(["--exact", name, "--nocapture", "--test-threads=1"])
         .env("FOLIOCACHE_CHILD", role)
+        .envs(vars.iter().copied())
         .status()
         .expect("run the test binary again")
 }
