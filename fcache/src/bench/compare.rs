@@ -22,6 +22,17 @@ pub(crate) struct ResultFile {
     #[serde(default)]
     pub(crate) command: String,
     pub(crate) results: Vec<Figure>,
+    /// The host, as far as the comparison names it.
+    #[serde(default)]
+    pub(crate) machine: Option<MachineBrief>,
+}
+
+/// What a comparison says of each side's host: how its epoch pins ordered themselves (a
+/// setting, `FOLIOCACHE_EPOCH_BARRIER`, that changes every figure of a hit).
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct MachineBrief {
+    #[serde(default)]
+    pub(crate) epoch_barrier: String,
 }
 
 /// Figures from one side, keyed by (suite, case, system, metric), in file order.
@@ -319,7 +330,20 @@ pub(crate) fn run(old: &Path, new: &Path, verbose: bool) -> Result<(), String> {
         let commands: Vec<&str> = files.iter().map(|f| f.command.as_str()).collect();
         let mut unique = commands.clone();
         unique.dedup();
-        format!("{} (`{}`)", path.display(), unique.join("`, `"))
+        let mut barriers: Vec<&str> = files
+            .iter()
+            .filter_map(|f| f.machine.as_ref())
+            .map(|m| m.epoch_barrier.as_str())
+            .filter(|b| !b.is_empty())
+            .collect();
+        barriers.sort_unstable();
+        barriers.dedup();
+        let barriers = if barriers.is_empty() {
+            String::new()
+        } else {
+            format!(", epoch pins: {}", barriers.join(" and "))
+        };
+        format!("{} (`{}`{barriers})", path.display(), unique.join("`, `"))
     };
     let comparison = compare(&a, &b);
     print!(

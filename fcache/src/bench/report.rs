@@ -111,6 +111,10 @@ pub(crate) struct Machine {
     /// `/sys/devices/system/cpu/vulnerabilities/*`, by name.
     #[serde(default)]
     pub(crate) vulnerabilities: BTreeMap<String, String>,
+    /// How the cache's epoch pins order themselves in this process (`symmetric` or
+    /// `asymmetric`, see `FOLIOCACHE_EPOCH_BARRIER`); empty in results from before it was kept.
+    #[serde(default)]
+    pub(crate) epoch_barrier: String,
 }
 
 fn read_trimmed(path: &str) -> Option<String> {
@@ -158,6 +162,7 @@ impl Machine {
             memory_gib,
             thp: read_trimmed("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default(),
             vulnerabilities,
+            epoch_barrier: foliocache::epoch_barrier().name().to_string(),
         }
     }
 
@@ -188,8 +193,13 @@ impl Machine {
 
     /// One line: CPUs, model, microcode, kernel, memory.
     pub(crate) fn line(&self) -> String {
+        let barrier = if self.epoch_barrier.is_empty() {
+            String::new()
+        } else {
+            format!(", epoch pins: {}", self.epoch_barrier)
+        };
         format!(
-            "{} CPUs, {} (microcode {}), kernel {}, {} GiB, THP {}",
+            "{} CPUs, {} (microcode {}), kernel {}, {} GiB, THP {}{barrier}",
             self.cpus, self.cpu_model, self.microcode, self.kernel, self.memory_gib, self.thp
         )
     }
