@@ -74,10 +74,12 @@
 //! `tests/loom_reclaim.rs` run on top of it: under `--cfg loom` the very same code runs, with
 //! the global state in a `loom::lazy_static` and the participants in `loom::thread_local`.
 //! loom drops its statics when the model's closure returns, so a model must join every thread
-//! that may still pin, defer or collect before returning. loom cannot issue `membarrier`, so
-//! its models run in symmetric mode: they check the protocol with each reader's barrier in
-//! place, and asymmetric mode differs only in who executes that barrier, as argued above.
-//! `tests/epoch_stress.rs` runs real threads against an oracle in both modes.
+//! that may still pin, defer or collect before returning. loom cannot issue `membarrier`:
+//! under loom the call is a model of it (`loom_heavy`), and a model picks the mode
+//! (`model_barrier`, symmetric by default). `tests/loom_epoch.rs` runs its local models in
+//! both modes and, as a negative control, asymmetric pins with the call left out, which it must
+//! catch. `tests/epoch_stress.rs` runs real threads against an oracle in both modes; it cannot
+//! catch a missing heavy barrier (the window is a store buffer draining), loom does.
 
 use crate::sync::unmodelled::{AtomicUsize as PlainUsize, Ordering as PlainOrdering};
 use crate::sync::{AtomicU64, Mutex, Ordering, fence};
