@@ -273,3 +273,22 @@ fn the_arena_is_populated_ahead_of_the_allocator_unless_turned_off() {
         }
     }
 }
+
+/// The probes refuse a block larger than one request can carry (an io_uring entry's length is
+/// 32 bits) before they open anything, as they refuse one that is not a multiple of 4096.
+#[test]
+fn probes_refuse_blocks_one_request_cannot_carry() {
+    use foliocache::raw::probe::{self, DirectStream, MAX_BLOCK};
+    let nowhere = PathBuf::from("/nonexistent/foliocache-probe");
+    let refused = |result: Result<(), Error>| matches!(result, Err(Error::Engine(e)) if e.kind() == std::io::ErrorKind::InvalidInput);
+    for block in [MAX_BLOCK + 4096, 4 << 30, 4095, 0] {
+        assert!(
+            refused(DirectStream::prepare(&nowhere, block, 1).map(drop)),
+            "DirectStream took a block of {block}"
+        );
+        assert!(
+            refused(probe::write_blocks(&nowhere, &[0], block, 1, 0).map(drop)),
+            "write_blocks took a block of {block}"
+        );
+    }
+}

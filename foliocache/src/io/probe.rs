@@ -16,13 +16,18 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// The largest block a probe reads or writes in one request: an io_uring entry carries a
+/// 32-bit length, and Linux moves at most 2 GiB less a page in one read or write.
+pub const MAX_BLOCK: usize = 1 << 30;
+
 /// Refuses a request shape the probes cannot use: a `block` that is not a positive multiple of
-/// 4096, a `depth` outside 1..=4096.
+/// 4096 up to [`MAX_BLOCK`], a `depth` outside 1..=4096.
 fn check_shape(block: usize, depth: usize) -> Result<(), Error> {
-    if block == 0 || !block.is_multiple_of(4096) || depth == 0 || depth > 4096 {
+    if block == 0 || !block.is_multiple_of(4096) || block > MAX_BLOCK || depth == 0 || depth > 4096
+    {
         return Err(Error::Engine(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "block must be a positive multiple of 4096 and depth 1..=4096",
+            "block must be a positive multiple of 4096 up to 1 GiB, and depth 1..=4096",
         )));
     }
     Ok(())
@@ -141,7 +146,8 @@ pub struct Probe {
 
 impl Probe {
     /// Opens the files with O_DIRECT and maps and faults in the buffers. Errors: a `block`
-    /// that is not a positive multiple of 4096, a `depth` outside 1..=4096, a file that cannot
+    /// that is not a positive multiple of 4096 up to [`MAX_BLOCK`], a `depth` outside 1..=4096,
+    /// a file that cannot
     /// be opened with O_DIRECT, buffers that cannot be mapped.
     pub fn prepare(
         paths: &[&Path],
@@ -462,9 +468,9 @@ impl DirectStream {
 /// `sync_every` writes (0: only at the end) and at the end: what the device does for a write
 /// workload with no cache (the ceiling the write benchmark compares with). The file must exist;
 /// it grows as the writes reach past its end. Returns the time from the first submission to the
-/// last `fdatasync`'s return. Errors: a `block` that is not a positive multiple of 4096,
-/// offsets not multiples of 4096, a `depth` outside 1..=4096, O_DIRECT refused, a failed
-/// write.
+/// last `fdatasync`'s return. Errors: a `block` that is not a positive multiple of 4096 up to
+/// [`MAX_BLOCK`], offsets not multiples of 4096, a `depth` outside 1..=4096, O_DIRECT refused,
+/// a failed write.
 pub fn write_blocks(
     path: &Path,
     offsets: &[u64],
@@ -472,15 +478,11 @@ pub fn write_blocks(
     depth: usize,
     sync_every: usize,
 ) -> Result<Duration, Error> {
-    if block == 0
-        || !block.is_multiple_of(4096)
-        || depth == 0
-        || depth > 4096
-        || offsets.iter().any(|o| !o.is_multiple_of(4096))
-    {
+    check_shape(block, depth)?;
+    if offsets.iter().any(|o| !o.is_multiple_of(4096)) {
         return Err(Error::Engine(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "block and offsets must be multiples of 4096, depth 1..=4096",
+            "offsets must be multiples of 4096",
         )));
     }
     let open_error = |source| Error::Open {
