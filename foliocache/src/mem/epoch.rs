@@ -24,8 +24,9 @@
 //!   - *asymmetric* (the default where the kernel offers it): only a compiler fence. The
 //!     advancer supplies the hardware barrier instead: `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`
 //!     makes every CPU that runs one of this process's threads execute a full barrier before it
-//!     returns, as if a signal handler had run a `SeqCst` fence on each of them. That costs the
-//!     advancer a system call and an interrupt per busy CPU, and the readers nothing.
+//!     returns, as if a signal handler had run a `SeqCst` fence on each of them. A pin then
+//!     executes no barrier instruction; the call costs the advancer a system call, and each
+//!     reader running at that moment an interrupt.
 //!
 //!   **Unpin**: store `IDLE` (release).
 //! * **Defer** (a writer that has unlinked something): under the garbage lock, a `SeqCst` fence,
@@ -39,11 +40,16 @@
 //!   one. Readers never advance, so on a read-only workload the epoch line is never written and
 //!   stays shared in every core's cache.
 //!
+//! The epoch changes only under the garbage lock: by an advance, or by [`add_external`]'s jump,
+//! which retags everything queued with the new epoch. So a tag is the epoch when its defer
+//! queued it, and every advance that counts for it scanned every reader.
+//!
 //! Why two advances are enough: a reader that could reach an object unlinked before a defer
 //! tagged `t` was pinned before the unlink was visible to it, so in an epoch `≤ t` (a reader
 //! whose acquire load read `t + 1` or later reads after the advance that stored it, which came
-//! after the tag was read and so after the unlink; or one that was idle when the advance to
-//! `t + 1` scanned it and pinned after: by the barriers, its later loads see the unlink).
+//! after the tag was read and so after the unlink; or one whose pin the advance to `t + 1` did
+//! not see, idle or not yet visible, and then by the barriers its later loads see the unlink:
+//! the fences in symmetric mode, the heavy barrier in asymmetric mode, next paragraph).
 //! The advance from `t + 1` to `t + 2` requires it idle or pinned at `t + 1`, so by then it has
 //! unpinned since; the value that scan read was stored (with release) after those reads, and
 //! the scan's acquire fence orders them before the free.
@@ -52,22 +58,29 @@
 //! each scan, that a reader the scan does not see pinned is idle or reads after the unlinks.
 //! Take the barrier `M`, made with the garbage lock held and before the scans, so every object
 //! in the queue was unlinked before `M` began. Each thread of the process executes a full
-//! barrier at some point during `M`. If a reader's pin store precedes that point in its program
+//! barrier at some point during `M` (one that is not running executes it in the scheduler, on
+//! its way off the CPU and back). If a reader's pin store precedes that point in its program
 //! order, the store is visible to every scan after `M`, which reads it or a later value of the
 //! word. If the point precedes the pin store, it precedes every read the pin protects, and those
 //! reads see every unlink made before `M`: the reader can reach nothing in the queue. Both scans
 //! of the attempt come after `M`. Symmetric mode is the case where each reader's barrier sits
 //! right after its own pin store.
 //!
-//! If the heavy barrier ever fails (a system call filter installed after the domain chose
-//! asymmetric mode), no advance is made from then on: deferred memory stays unfreed, which is
-//! safe, and the failure is reported once on standard error. A reader that chose its barrier
-//! from the mode cannot be made to see a change of mode without the very barrier that failed.
+//! If the heavy barrier fails, no advance is made in that attempt (no scan runs), which is
+//! safe: deferred memory waits. A failure that will not pass (the call refused, as by a system
+//! call filter installed after the domain chose asymmetric mode) stops advances for good and is
+//! reported once on standard error; a reader that chose its barrier from the mode cannot be
+//! made to see a change of mode without the very barrier that failed. A transient one (the
+//! kernel out of memory for the call) only fails that attempt.
 //!
 //! The heavy barrier is rate-limited: `defer` attempts an advance every [`ADVANCE_EVERY`] defers
 //! but, in asymmetric mode, not sooner than [`MIN_HEAVY_INTERVAL`] after the last barrier (an
 //! interrupt per busy CPU, about 17 µs of the caller's time on this project's 2-vCPU virtual
-//! machines). [`collect`], which callers use when memory runs dry, is not limited.
+//! machines). [`collect`], which callers use when memory runs dry, is not limited; what a burst
+//! of defers queued within a millisecond waits for the next defer or collect. No attempt is
+//! made when nothing is queued, nor, in asymmetric mode, when a participant is seen pinned in an
+//! older epoch (the scan would fail): a reclaimer that collects in a loop while a descheduled
+//! reader holds the epoch back does not interrupt the other readers each time.
 //!
 //! The loom model in `tests/loom_epoch.rs` checks this protocol itself (a reader that finds an
 //! object never sees it freed), and the folio models in `tests/loom_optimistic.rs` and
@@ -342,6 +355,10 @@ impl Domain {
     fn advance_and_take(&self, garbage: &mut Garbage) -> Vec<Deferred> {
         garbage.since_advance = 0;
         let mut epoch = self.head.epoch.load(Ordering::Relaxed);
+        // Skipping an attempt only makes frees wait (see the module comment).
+        if garbage.queue.is_empty() || self.visibly_held_back(epoch) {
+            return self.expired(garbage, epoch);
+        }
         if !self.heavy_barrier(garbage) {
             return self.expired(garbage, epoch);
         }
@@ -353,6 +370,23 @@ impl Domain {
             epoch = next;
         }
         self.expired(garbage, epoch)
+    }
+
+    /// In asymmetric mode, whether a participant is seen pinned in an epoch other than `epoch`,
+    /// so that an advance now would fail (and its heavy barrier would interrupt the readers for
+    /// nothing). Relaxed loads: a stale answer only skips or makes an attempt.
+    #[cfg(not(loom))]
+    fn visibly_held_back(&self, epoch: u64) -> bool {
+        self.head.asymmetric()
+            && self.participants.lock().iter().any(|p| {
+                let state = p.state.load(Ordering::Relaxed);
+                state != IDLE && state != pinned(epoch)
+            })
+    }
+
+    #[cfg(loom)]
+    fn visibly_held_back(&self, _epoch: u64) -> bool {
+        false
     }
 
     /// In asymmetric mode, the barrier every local reader executes on the advancer's behalf
@@ -370,6 +404,8 @@ impl Domain {
                 garbage.last_heavy = Some(std::time::Instant::now());
                 true
             }
+            // Out of memory for the call's CPU mask: this attempt only.
+            Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => false,
             Err(e) => {
                 garbage.stuck = true;
                 eprintln!(
@@ -561,7 +597,10 @@ impl Local {
                     .state
                     .store(pinned(epoch), Ordering::Release);
                 // The compiler keeps the reads after the store; the CPU's ordering comes from
-                // the advancer's heavy barrier.
+                // the advancer's heavy barrier. This steps outside the language's memory model:
+                // the kernel's call acts as a signal handler running a `SeqCst` fence on each
+                // thread, and a compiler fence (C++'s signal fence) is what pairs with that, the
+                // scheme of asymmetric fences in folly and in C++ proposal P1202.
                 std::sync::atomic::compiler_fence(Ordering::SeqCst);
                 self.barrier_point();
             } else {
