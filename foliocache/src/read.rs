@@ -575,22 +575,36 @@ pub(crate) fn update_page(
     if folio.is_uptodate() {
         return Ok(true);
     }
-    read_locked_folio(file, ra, locked)?;
-    Ok(true)
+    read_locked_folio(file, ra, locked)
 }
 
-/// Reads one locked folio that is in the file, synchronously (`filemap_read_folio`). On
-/// failure the folio is left not uptodate (a later read tries again) and this reader's window
-/// shrinks 4× (a failing device should not be hammered with large reads).
-fn read_locked_folio(file: &Inode, ra: &mut RaState, locked: LockedFolio<'_>) -> Result<(), Error> {
+/// Reads one locked folio that is in the file, synchronously (`filemap_read_folio`). Returns
+/// whether it is uptodate now; `false` when a truncation cut the file short under the read
+/// (look it up again). On failure the folio is left not uptodate (a later read tries again) and
+/// this reader's window shrinks 4× (a failing device should not be hammered with large reads).
+fn read_locked_folio(
+    file: &Inode,
+    ra: &mut RaState,
+    locked: LockedFolio<'_>,
+) -> Result<bool, Error> {
     let disk = file.disk().ok_or(Error::NotADiskFile)?;
     let folio = locked.folio().clone();
     let offset = folio.index() << PAGE_SHIFT;
+    let limit = file.read_limit();
     disk.backend
-        .read_now(vec![folio_request(file, disk, locked)]);
+        .read_now(vec![folio_request(file, disk, locked, limit)]);
     folio.wait_unlocked();
     if folio.is_uptodate() {
-        return Ok(());
+        return Ok(true);
+    }
+    // A shrinking `set_len` publishes the new size and cuts storage short, then waits for this
+    // folio's lock to drop it. A request that took the old size as its limit meets the new end
+    // of storage early and fails the folio as a short read. That is no I/O error: the folio is
+    // leaving the file (or has left it), and the caller looks again with the new size. (Only
+    // when the file did shrink: a read that fails at an unchanged limit is an error, or the
+    // caller would retry it forever.)
+    if folio.mapping_id() != file.mapping.id() || file.read_limit() < limit {
+        return Ok(false);
     }
     ra.ra_pages /= 4;
     Err(Error::Io {
@@ -636,12 +650,18 @@ fn update_page_nowait(
 /// Starts the read of one locked folio that is in the file, without waiting for it.
 fn submit_locked_folio(file: &Inode, locked: LockedFolio<'_>) {
     let Some(disk) = file.disk() else { return };
-    disk.backend.submit(vec![folio_request(file, disk, locked)]);
+    disk.backend
+        .submit(vec![folio_request(file, disk, locked, file.read_limit())]);
 }
 
-/// The request that reads one locked folio of the file (`read_folio`), counted, with the
-/// folio's last failure cleared.
-fn folio_request(file: &Inode, disk: &DiskSource, locked: LockedFolio<'_>) -> ReadRequest {
+/// The request that reads one locked folio of the file (`read_folio`) up to `limit` (the
+/// file's read limit when the request is made), counted, with the folio's last failure cleared.
+fn folio_request(
+    file: &Inode,
+    disk: &DiskSource,
+    locked: LockedFolio<'_>,
+    limit: u64,
+) -> ReadRequest {
     disk.ra.read_folio.inc();
     let folio = locked.folio();
     folio.clear(flag::ERROR);
@@ -651,7 +671,7 @@ fn folio_request(file: &Inode, disk: &DiskSource, locked: LockedFolio<'_>) -> Re
         Arc::clone(&disk.io),
         vec![locked],
         offset,
-        file.read_limit(),
+        limit,
     )
 }
 
@@ -676,7 +696,8 @@ fn create_folio_nowait(file: &Arc<Inode>, index: u64) -> Result<(), Error> {
 }
 
 /// The kernel's `filemap_create_folio`: readahead produced no folio at `index`, so insert one
-/// page and read it. `None` if another reader inserted one first (look it up again).
+/// page and read it. `None` if another reader inserted one first, or a truncation cut the file
+/// short under the read (look it up again).
 pub(crate) fn create_folio<'f>(
     file: &'f Arc<Inode>,
     index: u64,
@@ -705,6 +726,8 @@ pub(crate) fn create_folio<'f>(
         .reclaim
         .add_inserted(&cache.mem, &[(folio.id(), shadow)]);
     let mut scratch = RaState::new(0);
-    read_locked_folio(file, &mut scratch, locked)?;
+    if !read_locked_folio(file, &mut scratch, locked)? {
+        return Ok(None);
+    }
     Ok(Some(folio))
 }
