@@ -318,10 +318,11 @@ impl Domain {
         // idle pins later, and its loads then see every unlink made before this point. (In
         // asymmetric mode the heavy barrier made before the scans does this for local pins.)
         fence(Ordering::SeqCst);
-        let all_caught_up = self.participants.lock().iter().all(|p| {
-            let state = p.state.load(Ordering::Relaxed);
-            state == IDLE || state == pinned(epoch)
-        });
+        let all_caught_up = self
+            .participants
+            .lock()
+            .iter()
+            .all(|p| pin_caught_up(p.state.load(Ordering::Relaxed), epoch));
         if !all_caught_up {
             return epoch;
         }
@@ -356,10 +357,8 @@ impl Domain {
         garbage.since_advance = 0;
         let mut epoch = self.head.epoch.load(Ordering::Relaxed);
         // Skipping an attempt only makes frees wait (see the module comment).
-        if garbage.queue.is_empty() || self.visibly_held_back(epoch) {
-            return self.expired(garbage, epoch);
-        }
-        if !self.heavy_barrier(garbage) {
+        if garbage.queue.is_empty() || self.visibly_held_back(epoch) || !self.heavy_barrier(garbage)
+        {
             return self.expired(garbage, epoch);
         }
         for _ in 0..2 {
@@ -378,10 +377,11 @@ impl Domain {
     #[cfg(not(loom))]
     fn visibly_held_back(&self, epoch: u64) -> bool {
         self.head.asymmetric()
-            && self.participants.lock().iter().any(|p| {
-                let state = p.state.load(Ordering::Relaxed);
-                state != IDLE && state != pinned(epoch)
-            })
+            && self
+                .participants
+                .lock()
+                .iter()
+                .any(|p| !pin_caught_up(p.state.load(Ordering::Relaxed), epoch))
     }
 
     #[cfg(loom)]
