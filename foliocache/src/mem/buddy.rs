@@ -81,6 +81,17 @@ impl Zone {
         Some(pfn)
     }
 
+    /// Takes the first free block of `order` as it is (not split); its pages are then not free
+    /// blocks of their own, each to be freed later as an order-0 page. The list must not be
+    /// empty.
+    fn take_block(&mut self, order: u8) -> u32 {
+        let pfn = self.heads[order as usize];
+        debug_assert_ne!(pfn, NIL);
+        self.unlink(pfn, order);
+        self.free_pages -= 1 << order;
+        pfn
+    }
+
     fn free(&mut self, mut pfn: u32, mut order: u8) {
         debug_assert_eq!(pfn % (1 << order), 0, "free of a misaligned block");
         debug_assert_eq!(
@@ -223,9 +234,9 @@ impl Buddy {
         cache.pop()
     }
 
-    /// Fills an empty per-thread cache with a batch from the zone: page by page while smaller
-    /// free blocks are left (they go first, which keeps large blocks whole for large folios),
-    /// else one block of the batch's size split into its pages. The cache pops from the end,
+    /// Fills an empty per-thread cache with a batch from the zone: smaller free blocks first,
+    /// each taken whole (they go first, which keeps large blocks whole for large folios), else
+    /// one block of the batch's size split into its pages. The cache pops from the end,
     /// so the pages go in descending: successive allocations get ascending, mostly contiguous
     /// pages, and a file read or written sequentially is laid out sequentially, which the
     /// CPU's prefetcher rewards.
@@ -242,10 +253,21 @@ impl Buddy {
             cache.extend((first..first + CACHE_BATCH as u32).rev());
             return;
         }
-        for _ in 0..CACHE_BATCH {
-            match zone.alloc(0) {
-                Some(pfn) => cache.push(pfn),
-                None => break,
+        // Small blocks go whole: one unlink for all their pages, where taking them page by page
+        // split each block down to order 0 first.
+        let small = zone.heads.len().min(CACHE_BATCH_ORDER as usize);
+        while cache.len() < CACHE_BATCH {
+            let room = CACHE_BATCH - cache.len();
+            let whole = (0..small).find(|&order| zone.heads[order] != NIL && 1 << order <= room);
+            match whole {
+                Some(order) => {
+                    let first = zone.take_block(order as u8);
+                    cache.extend(first..first + (1 << order));
+                }
+                None => match zone.alloc(0) {
+                    Some(pfn) => cache.push(pfn),
+                    None => break,
+                },
             }
         }
         cache.reverse();
