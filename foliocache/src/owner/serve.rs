@@ -10,7 +10,7 @@ use crate::mem::shared::{MAIL_WORDS, ThreadSlot};
 use crate::shared::mailbox::{self, DONE, RUNNING, SUBMITTED, at, error_kind, op};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A running server thread.
 pub(super) struct Server {
@@ -59,10 +59,20 @@ impl Server {
 
 fn serve(owner: &Owner, slot: u32, stop: &AtomicBool) {
     let t = &owner.map.threads()[slot as usize];
+    // Whether the slot's last request was a write that came soon after the answer before it
+    // (within three `SPIN`s: a server that slept sees it a wake-up later): a client in a
+    // burst of writes (a loop, a checkpoint). Only then does the server poll for the next one
+    // before sleeping, so a client that asks now and then, or reads, costs no polling.
+    let mut burst = false;
+    let mut answered: Option<Instant> = None;
     while !stop.load(Ordering::Acquire) {
         let state = t.state.load(Ordering::Acquire);
         match state {
             SUBMITTED => {
+                if let Some(then) = answered.take() {
+                    burst = then.elapsed() < 3 * mailbox::SPIN
+                        && t.request[at::OP].load(Ordering::Relaxed) == op::WRITE;
+                }
                 if t.state
                     .compare_exchange(SUBMITTED, RUNNING, Ordering::AcqRel, Ordering::Acquire)
                     .is_err()
@@ -74,7 +84,9 @@ fn serve(owner: &Owner, slot: u32, stop: &AtomicBool) {
             // idempotent).
             RUNNING => {}
             _ => {
-                mailbox::wait(&t.state, state, Duration::from_millis(500));
+                if !(burst && mailbox::spin_while(&t.state, state, mailbox::SPIN)) {
+                    mailbox::wait(&t.state, state, Duration::from_millis(500));
+                }
                 continue;
             }
         }
@@ -83,6 +95,7 @@ fn serve(owner: &Owner, slot: u32, stop: &AtomicBool) {
         mailbox::write_reply(t, &reply);
         t.state.store(DONE, Ordering::Release);
         mailbox::wake(&t.state);
+        answered = Some(Instant::now());
     }
 }
 

@@ -475,7 +475,13 @@ impl Attachment {
                     return Ok(None);
                 }
             }
-            mailbox::wait(&t.state, state, OWNER_CHECK);
+            // A write's answer comes without the device (the owner copies, and writes through
+            // to the kernel's page cache): poll for it first. A read may wait for the device:
+            // sleep at once.
+            let soon = request[at::OP] == op::WRITE;
+            if !(soon && mailbox::spin_while(&t.state, state, mailbox::SPIN)) {
+                mailbox::wait(&t.state, state, OWNER_CHECK);
+            }
             if t.state.load(Ordering::Acquire) == state && self.owner_gone() {
                 // The request stays in the slot: the next owner runs it (again, if the dead
                 // one had started it).
