@@ -187,6 +187,14 @@ impl MemoryCgroup {
             .ok()
     }
 
+    /// Processes the kernel's OOM killer has killed in the group (v1 `memory.oom_control`, v2
+    /// `memory.events`: the `oom_kill` line); `None` where the kernel does not say.
+    fn oom_kills(&self) -> Option<u64> {
+        oom_kill_count(
+            &std::fs::read_to_string(self.file("memory.oom_control", "memory.events")).ok()?,
+        )
+    }
+
     fn reset_peak(&self) {
         let _ = std::fs::write(self.file("memory.max_usage_in_bytes", "memory.peak"), "0");
     }
@@ -222,6 +230,15 @@ impl Drop for MemoryCgroup {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
+}
+
+/// The `oom_kill` count of a cgroup's `memory.oom_control` (v1) or `memory.events` (v2).
+fn oom_kill_count(text: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix("oom_kill "))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// The suite's directory: the template cluster, the run's copy, the sockets and the logs.
@@ -546,10 +563,30 @@ impl Suite<'_> {
             cgroup.set_limit((cache_mb + MARGIN_MB) << 20)?;
             cgroup.reset_peak();
         }
+        let kills_before = self.cgroup.and_then(MemoryCgroup::oom_kills);
+        // What the OOM killer did in this run, if anything: a process killed for the cgroup's
+        // limit explains a failed or slow run, and taints a run's figures.
+        let oom_note = || {
+            let killed = self.cgroup.and_then(MemoryCgroup::oom_kills)? - kills_before?;
+            (killed > 0).then(|| {
+                format!(
+                    "the memory cgroup's OOM killer killed {killed} process(es) during the                      {system} run with a {cache_mb} MiB cache (limit {} MiB): see `dmesg`",
+                    cache_mb + MARGIN_MB
+                )
+            })
+        };
         let mut server = Server::start(self.site, &data, &env, self.cgroup)?;
-        server.pgbench(&["-S"], self.warmup_secs)?;
-        let select = server.pgbench(&["-S"], self.secs)?;
-        let tpcb = server.pgbench(&[], self.secs)?;
+        let workloads = server
+            .pgbench(&["-S"], self.warmup_secs)
+            .and_then(|_| server.pgbench(&["-S"], self.secs))
+            .and_then(|select| Ok((select, server.pgbench(&[], self.secs)?)));
+        let (select, tpcb) = workloads.map_err(|e| match oom_note() {
+            Some(note) => format!("{e}\n{note}"),
+            None => e,
+        })?;
+        if let Some(note) = oom_note() {
+            eprintln!("fcache: pgbench: {note}; its figures count as they are");
+        }
         let peak = self.cgroup.and_then(MemoryCgroup::peak);
         server.stop("fast");
         drop(server);
@@ -794,4 +831,18 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         }
     }
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::oom_kill_count;
+
+    #[test]
+    fn oom_kills_are_read_from_either_cgroup_version() {
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(oom_kill_count(v1), Some(3));
+        let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(oom_kill_count(v2), Some(1));
+        assert_eq!(oom_kill_count("oom_kill_disable 0\nunder_oom 0\n"), None);
+    }
 }
