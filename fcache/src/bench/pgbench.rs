@@ -567,10 +567,14 @@ impl Suite<'_> {
         // What the OOM killer did in this run, if anything: a process killed for the cgroup's
         // limit explains a failed or slow run, and taints a run's figures.
         let oom_note = || {
-            let killed = self.cgroup.and_then(MemoryCgroup::oom_kills)? - kills_before?;
+            let killed = self
+                .cgroup
+                .and_then(MemoryCgroup::oom_kills)?
+                .saturating_sub(kills_before?);
             (killed > 0).then(|| {
                 format!(
-                    "the memory cgroup's OOM killer killed {killed} process(es) during the                      {system} run with a {cache_mb} MiB cache (limit {} MiB): see `dmesg`",
+                    "the memory cgroup's OOM killer killed {killed} process(es) during the \
+                     {system} run with a {cache_mb} MiB cache (limit {} MiB): see `dmesg`",
                     cache_mb + MARGIN_MB
                 )
             })
