@@ -88,3 +88,69 @@ fn forks_execs_and_signal_handlers_read_right_and_never_hang() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A C program reads and writes a served file after its threads' thread-locals are destroyed:
+/// in a pthread key destructor and in an `atexit` handler (`tests/c/exit_io.c`). The library
+/// must serve those calls like any other (it once panicked there, on the shared cache: a
+/// thread's slot was kept in a thread-local). Every cache and write mode; the bytes each stage
+/// wrote must be in the file afterwards.
+#[test]
+fn io_in_exit_handlers_and_key_destructors_is_served() {
+    if !have("gcc") {
+        return;
+    }
+    let dir = work_dir("exit-io");
+    let exe = compile_c(&dir, "exit_io", include_str!("c/exit_io.c"));
+    let exe = exe.to_str().unwrap();
+    for (cache, writes) in common::modes() {
+        let data = dir.join(format!("data-{}-{}", cache.as_str(), writes.as_str()));
+        let mut bytes = vec![0u8; 64 << 10];
+        bytes[..4096].fill(b'A');
+        std::fs::write(&data, &bytes).unwrap();
+        let stats_path = dir.join(format!(
+            "stats-{}-{}.jsonl",
+            cache.as_str(),
+            writes.as_str()
+        ));
+        let with = With::Library {
+            cache,
+            writes,
+            stats: &stats_path,
+        };
+        let out = common::run(&dir, with, exe, &[data.to_str().unwrap()]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for stage in [
+            "main ok",
+            "thread ok",
+            "key destructor ok",
+            "atexit ok",
+            "atexit reopen ok",
+        ] {
+            assert!(
+                stdout.lines().any(|l| l == stage),
+                "{cache:?}, {writes:?}: no {stage:?} in {stdout}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !stderr.contains("panicked"),
+            "{cache:?}, {writes:?}: {stderr}"
+        );
+        if cache == CacheMode::Shared {
+            common::sync_shared();
+        }
+        let after = std::fs::read(&data).unwrap();
+        for page in 0..5 {
+            assert!(
+                after[page * 4096..(page + 1) * 4096]
+                    .iter()
+                    .all(|&b| b == b'A' + page as u8),
+                "{cache:?}, {writes:?}: page {page} of the file is not what its stage wrote"
+            );
+        }
+        let s = stats(&stats_path);
+        assert!(s.reads > 0 && s.writes > 0, "{cache:?}, {writes:?}: {s:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

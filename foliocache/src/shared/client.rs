@@ -289,8 +289,18 @@ impl Attachment {
     /// This thread's slot (claimed on first use).
     pub(crate) fn slot(self: &Arc<Self>) -> Result<u32, Error> {
         self.check_process()?;
-        if let Some(slot) = CLAIMS.with(|claims| claims.borrow().find(self.id)) {
-            return Ok(slot);
+        match CLAIMS.try_with(|claims| claims.borrow().find(self.id)) {
+            Ok(Some(slot)) => return Ok(slot),
+            Ok(None) => {}
+            // The thread's thread-locals are destroyed (it is exiting: a C program's key
+            // destructors and `atexit` handlers run after them): its late claim, if any.
+            Err(_) => {
+                if let Some((attachment, slot)) = LATE_CLAIM.get()
+                    && attachment == self.id
+                {
+                    return Ok(slot);
+                }
+            }
         }
         let process = self.process_slot.load(Ordering::Acquire);
         let threads = self.map.threads();
@@ -318,13 +328,18 @@ impl Attachment {
             self.forget_slot(slot, process);
             return Err(e);
         }
-        CLAIMS.with(|claims| {
+        let recorded = CLAIMS.try_with(|claims| {
             claims.borrow_mut().0.push(Claim {
                 attachment: self.id,
                 slot,
                 owner: Arc::downgrade(self),
             });
         });
+        if recorded.is_err() {
+            // No destructor will give this slot back: it stays claimed until the process
+            // detaches (or dies), when the owner frees it with the others in `claimed`.
+            LATE_CLAIM.set(Some((self.id, slot)));
+        }
         Ok(slot)
     }
 
@@ -421,12 +436,15 @@ impl Attachment {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|&s| s != slot);
-        CLAIMS.with(|claims| {
+        let _ = CLAIMS.try_with(|claims| {
             claims
                 .borrow_mut()
                 .0
                 .retain(|c| !(c.attachment == self.id && c.slot == slot));
         });
+        if LATE_CLAIM.get() == Some((self.id, slot)) {
+            LATE_CLAIM.set(None);
+        }
     }
 
     /// Submits `request` in `slot` and waits: the answer, or `None` if the slot was taken
@@ -609,6 +627,12 @@ impl Drop for Claims {
 
 std::thread_local! {
     static CLAIMS: RefCell<Claims> = RefCell::new(Claims::default());
+    /// The slot (and its attachment) of a thread that claimed one after `CLAIMS` was
+    /// destroyed. It has no destructor, so it is never destroyed: a thread's C key destructors
+    /// and a process's `atexit` handlers run after the thread-locals' destructors, and may
+    /// still read and write. One per thread: a late use of a second attachment claims again,
+    /// and the slot it replaces stays claimed until the process detaches.
+    static LATE_CLAIM: std::cell::Cell<Option<(u64, u32)>> = const { std::cell::Cell::new(None) };
 }
 
 /// A file opened through a shared cache in this process.
