@@ -28,8 +28,14 @@ impl Drop for Entered {
 }
 
 /// Marks this thread as inside a hook, or `None` if it already was (a nested call: the library
-/// itself, or a signal handler that interrupted a hook).
+/// itself, or a signal handler that interrupted a hook), or if the cache is starting a shared
+/// cache's owner in this thread (its own calls, whatever called the cache).
 pub(crate) fn enter() -> Option<Entered> {
+    // The cache starting a shared cache's owner (from a request, a thread's exit, anywhere):
+    // its own calls, as if nested.
+    if foliocache::starting_owner() {
+        return None;
+    }
     let entered = INSIDE
         .try_with(|inside| {
             if inside.replace(true) {

@@ -154,3 +154,101 @@ fn io_in_exit_handlers_and_key_destructors_is_served() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The shared cache's owner is SIGKILLed while a process holds slots and an open file
+/// (`tests/c/owner_death.c`). Then one of its threads exits and it closes the file, in either
+/// order; the first finds the owner gone and starts the next one. Each once deadlocked. A
+/// thread's exit gives its slot back from a thread-local's destructor, so the next owner was
+/// spawned from there through the library's own `posix_spawn` hook, which flushed the
+/// process's files through the cache, which waited for the recovery it was part of. The close
+/// held its file's lock across a request whose recovery took that lock again. Both write
+/// modes; a hang is a failure (killed after a deadline).
+#[test]
+fn a_process_whose_owner_died_exits_threads_and_closes_files() {
+    if !have("gcc") {
+        return;
+    }
+    let dir = work_dir("owner-death");
+    let exe = compile_c(&dir, "owner_death", include_str!("c/owner_death.c"));
+    let exe = exe.to_str().unwrap();
+    // A cache of this test's own: killing its owner disturbs no other test's.
+    let name = format!("owner-death-{}", std::process::id());
+    for (writes, order) in [
+        (Writes::Back, "close-first"),
+        (Writes::Through, "thread-first"),
+        (Writes::Through, "close-first"),
+        (Writes::Back, "thread-first"),
+    ] {
+        let data = dir.join(format!("data-{}-{order}", writes.as_str()));
+        let mut bytes = vec![0u8; 64 << 10];
+        bytes[..4096].fill(b'A');
+        std::fs::write(&data, &bytes).unwrap();
+        let stats_path = dir.join(format!("stats-{}-{order}.jsonl", writes.as_str()));
+        let with = With::Library {
+            cache: CacheMode::Shared,
+            writes,
+            stats: &stats_path,
+        };
+        let mut child = command(&dir, with, exe, &[data.to_str().unwrap(), order])
+            .env("FOLIOCACHE_SHARED", &name)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert_eq!(line, "ready\n", "{writes:?}, {order}");
+        let status = foliocache::cache_command(&name, foliocache::CacheCommand::Status)
+            .expect("the program's owner answers");
+        let pid: i32 = status
+            .split("\"owner_pid\":")
+            .nth(1)
+            .and_then(|s| s.split(',').next())
+            .and_then(|s| s.parse().ok())
+            .expect("the status names the owner's pid");
+        // SAFETY: kill(2) with integer arguments.
+        let killed = unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert_eq!(killed, 0, "{writes:?}, {order}");
+        let gone = Instant::now() + Duration::from_secs(10);
+        // The owner runs detached (its parent is init, which reaps it): its /proc entry goes.
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < gone {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), b"go\n").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let exit = loop {
+            if let Some(exit) = child.try_wait().unwrap() {
+                break exit;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "{writes:?}, {order}: the program hung after its owner died (killed after 60 s)"
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        assert!(
+            exit.success() && rest == "thread exited, file closed\nok\n",
+            "{writes:?}, {order}, {exit}: {rest}{stderr}"
+        );
+        // A new owner serves the cache.
+        let status = foliocache::cache_command(&name, foliocache::CacheCommand::Status)
+            .expect("a new owner answers");
+        assert!(
+            !status.contains(&format!("\"owner_pid\":{pid},")),
+            "{writes:?}, {order}: {status}"
+        );
+        let s = stats(&stats_path);
+        assert!(s.reads > 0 && s.writes > 0, "{writes:?}, {order}: {s:?}");
+    }
+    let _ = foliocache::cache_command(&name, foliocache::CacheCommand::Destroy { force: true });
+    let _ = std::fs::remove_dir_all(&dir);
+}

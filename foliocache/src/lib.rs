@@ -117,3 +117,5 @@ pub fn epoch_barrier() -> EpochBarrier {
 pub use owner::main as owner_main;
 #[cfg(not(loom))]
 pub use shared::admin::{CacheCommand, cache_command};
+#[cfg(not(loom))]
+pub use shared::client::starting_owner;

@@ -197,10 +197,26 @@ impl Attachment {
     /// memfd, claims this process's slots again and opens its files again. Nothing to do if
     /// another thread already did it since `seen` (a generation).
     fn recover(self: &Arc<Self>, seen: u64) -> Result<(), Error> {
+        // A request made while this thread recovers this attachment (a program's hook reached
+        // from inside the recovery) would wait for the lock this thread holds: refuse it.
+        if RECOVERING.get() == self.id {
+            return Err(shared_error(
+                self.name(),
+                "the owner is gone and this thread is starting the next one",
+            ));
+        }
         let _one = self
             .recovering
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        let outer = RECOVERING.replace(self.id);
+        let result = self.recover_locked(seen);
+        RECOVERING.set(outer);
+        result
+    }
+
+    /// [`Self::recover`] with its lock held.
+    fn recover_locked(self: &Arc<Self>, seen: u64) -> Result<(), Error> {
         if self.generation.load(Ordering::Acquire) != seen {
             return Ok(());
         }
@@ -633,6 +649,19 @@ std::thread_local! {
     /// still read and write. One per thread: a late use of a second attachment claims again,
     /// and the slot it replaces stays claimed until the process detaches.
     static LATE_CLAIM: std::cell::Cell<Option<(u64, u32)>> = const { std::cell::Cell::new(None) };
+    /// The attachment this thread is recovering from a dead owner (0: none).
+    static RECOVERING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Whether this thread is starting an owner ([`starting_owner`]).
+    static STARTING_OWNER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is starting a shared cache's owner. The calls it makes meanwhile
+/// (opening the owner's log, spawning the owner) are the library's own, and it may be doing
+/// so from inside a request (a process whose owner died starts the next one): a program that
+/// interposes those calls, as the preload library does, must pass them straight through, and
+/// not flush or ask the cache anything, which would wait for this very start.
+pub fn starting_owner() -> bool {
+    STARTING_OWNER.get()
 }
 
 /// A file opened through a shared cache in this process.
@@ -705,8 +734,16 @@ impl ClientFile {
 
     /// Sends the open of the attached descriptor to the owner; its answer.
     fn open_with_owner(&self) -> Result<Msg, Error> {
-        let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
-        let fd = fd.as_ref().ok_or(Error::Detached)?;
+        // A duplicate, not the lock, is held across the request: recovering from a dead
+        // owner inside it takes this lock again (a second read lock waits behind a waiting
+        // writer).
+        let fd = {
+            let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
+            fd.as_ref()
+                .ok_or(Error::Detached)?
+                .try_clone()
+                .map_err(|e| io_error(self.attachment.name(), "dup of the file's descriptor", e))?
+        };
         let (answer, _) = self
             .attachment
             .control(&self.open_message(), Some(fd.as_fd()))?;
@@ -716,8 +753,14 @@ impl ClientFile {
     /// Hands the descriptor back (`File::detach_descriptor`): the owner counts one open
     /// fewer; the cached pages stay in the shared cache.
     pub(crate) fn detach_descriptor(&self) -> Result<OwnedFd, Error> {
-        let mut slot = self.fd.write().unwrap_or_else(PoisonError::into_inner);
-        let fd = slot.take().ok_or(Error::Detached)?;
+        // Taken out first and the lock let go: the request may recover from a dead owner,
+        // which opens every attached file again, under this lock (and skips this one now).
+        let fd = self
+            .fd
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or(Error::Detached)?;
         let (record, generation) = self.ids();
         let _ = self.attachment.control(
             &Msg::new(kind::CLOSE, &[record as u64, u64::from(generation)]),
@@ -1312,6 +1355,19 @@ fn connect_or_start(
 /// ready (or that another owner already runs, or why it failed). `Ok(false)`: it ended before
 /// it was ready (killed while it took over), and another may be started.
 fn start_owner(
+    paths: &Paths,
+    settings: &[u64; SETTINGS_WORDS],
+    program: Option<&Path>,
+    memfd: Option<&OwnedFd>,
+) -> Result<bool, Error> {
+    let outer = STARTING_OWNER.replace(true);
+    let started = start_owner_marked(paths, settings, program, memfd);
+    STARTING_OWNER.set(outer);
+    started
+}
+
+/// [`start_owner`], with this thread marked as starting one ([`starting_owner`]).
+fn start_owner_marked(
     paths: &Paths,
     settings: &[u64; SETTINGS_WORDS],
     program: Option<&Path>,

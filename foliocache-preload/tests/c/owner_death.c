@@ -1,0 +1,98 @@
+/* A process on the shared cache whose owner dies while it holds slots and files: the test
+ * kills the owner after "ready", then says "go". Then, in the order `order` names, a thread
+ * exits (its slot is given back as its thread-locals are destroyed, a request made from that
+ * destructor) and the file is closed; whichever comes first finds the owner gone and starts
+ * the next one. The file is opened again, and every byte read is checked.
+ *
+ * usage: owner_death <file> <thread-first|close-first>
+ * (the file: 64 KiB, page 0 all 'A', made by the test) */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PAGE 4096
+
+static const char *path;
+static int fd;
+static int go[2];
+
+static void fill(int k, char byte) {
+    char buf[PAGE];
+    memset(buf, byte, PAGE);
+    if (pwrite(fd, buf, PAGE, (off_t)k * PAGE) != PAGE) {
+        fprintf(stderr, "pwrite page %d: %m\n", k);
+        exit(3);
+    }
+}
+
+static void check(int in, int k, char byte) {
+    char buf[PAGE], want[PAGE];
+    memset(want, byte, PAGE);
+    ssize_t n = pread(in, buf, PAGE, (off_t)k * PAGE);
+    if (n != PAGE || memcmp(buf, want, PAGE) != 0) {
+        fprintf(stderr, "page %d read back wrong (%zd bytes)\n", k, n);
+        exit(3);
+    }
+}
+
+static void *thread(void *arg) {
+    (void)arg;
+    check(fd, 1, 'B');
+    char c;
+    if (read(go[0], &c, 1) != 1) return (void *)1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: owner_death <file> <thread-first|close-first>\n");
+        return 2;
+    }
+    path = argv[1];
+    int close_first = strcmp(argv[2], "close-first") == 0;
+    fd = open(path, O_RDWR);
+    if (fd < 0 || pipe(go) != 0) {
+        perror("open");
+        return 1;
+    }
+    fill(1, 'B');
+    check(fd, 0, 'A');
+    pthread_t t;
+    pthread_create(&t, 0, thread, 0);
+    usleep(100000); /* the thread has read (and so claimed a slot) */
+    printf("ready\n");
+    fflush(stdout);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    /* The owner is dead now. */
+    if (close_first && close(fd) != 0) {
+        perror("close");
+        return 1;
+    }
+    if (write(go[1], "g", 1) != 1) return 1;
+    void *status;
+    pthread_join(t, &status);
+    if (status) return 1;
+    if (!close_first && close(fd) != 0) {
+        perror("close");
+        return 1;
+    }
+    printf("thread exited, file closed\n");
+    fflush(stdout);
+    fd = open(path, O_RDWR);
+    if (fd < 0) {
+        perror("open again");
+        return 1;
+    }
+    check(fd, 0, 'A');
+    check(fd, 1, 'B');
+    fill(2, 'C');
+    check(fd, 2, 'C');
+    close(fd);
+    printf("ok\n");
+    return 0;
+}
