@@ -291,6 +291,11 @@ impl Runtime {
 /// served fd's offset goes to its kernel fd and, in write-back mode, every inode is written
 /// back. Nested (a signal handler spawning) there is no writing back: it would take locks.
 pub(crate) fn before_new_program() {
+    if foliocache::starting_owner() {
+        // The library's own child, the shared cache's owner: it reads no descriptor of the
+        // program's.
+        return;
+    }
     if let Some(runtime) = runtime()
         && let Some(_outer) = guard::enter()
     {
