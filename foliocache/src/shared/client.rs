@@ -510,10 +510,10 @@ impl Attachment {
                 }
             }
             // A write's answer comes without the device (the owner copies, and writes through
-            // to the kernel's page cache): poll for it first. A read may wait for the device:
-            // sleep at once.
+            // to the kernel's page cache): poll for it first, while a server has it. A read may
+            // wait for the device: sleep at once.
             let soon = request[at::OP] == op::WRITE;
-            if !(soon && mailbox::spin_while(&t.state, state, mailbox::SPIN)) {
+            if !(soon && mailbox::spin_for_answer(&t.state, state)) {
                 mailbox::wait(&t.state, state, OWNER_CHECK);
             }
             if t.state.load(Ordering::Acquire) == state && self.owner_gone() {

@@ -182,6 +182,31 @@ pub(crate) fn wait(word: &AtomicU32, value: u32, timeout: Duration) {
 /// docs/SHARED.md).
 pub(crate) const SPIN: Duration = Duration::from_micros(30);
 
+/// How long a client polls for the server to take its request (SUBMITTED → RUNNING) before it
+/// sleeps: long enough for a server that is polling (in a burst) to see it, short enough not to
+/// hold a CPU that a server woken from sleep may be waiting for.
+pub(crate) const PICKUP: Duration = Duration::from_micros(3);
+
+/// A client waiting for a write's answer in `word`, last seen holding `state`: polls while a
+/// server holds the request on a CPU (RUNNING, up to [`SPIN`]), and only briefly
+/// ([`PICKUP`]) while no server has taken it yet. Whether the word left SUBMITTED and
+/// RUNNING; `false` means sleep. Polling while no server has the request took the CPU from
+/// the servers where CPUs were scarce: with PostgreSQL's four backends on two CPUs, 9% of all
+/// CPU time went into this poll.
+pub(crate) fn spin_for_answer(word: &AtomicU32, state: u32) -> bool {
+    let mut state = state;
+    if state == SUBMITTED {
+        if !spin_while(word, SUBMITTED, PICKUP) {
+            return false;
+        }
+        state = word.load(Ordering::Acquire);
+    }
+    if state != RUNNING {
+        return true;
+    }
+    spin_while(word, RUNNING, SPIN)
+}
+
 /// Polls `word` while it holds `value`, for at most `limit`: whether it changed. Never sleeps.
 pub(crate) fn spin_while(word: &AtomicU32, value: u32, limit: Duration) -> bool {
     let start = std::time::Instant::now();
