@@ -4,8 +4,9 @@
  * destructor) and the file is closed; whichever comes first finds the owner gone and starts
  * the next one. The file is opened again, and every byte read is checked.
  *
- * usage: owner_death <file> <thread-first|close-first>
- * (the file: 64 KiB, page 0 all 'A', made by the test) */
+ * usage: owner_death <file> <thread-first|close-first> <marker>
+ * (the file: 64 KiB, page 0 all 'A', made by the test; the marker: a file outside the served
+ * directory, opened without close-on-exec and left open) */
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <pthread.h>
@@ -18,7 +19,7 @@
 
 static const char *path;
 static int fd;
-static int go[2];
+static int go[2], read_done[2];
 
 static void fill(int k, char byte) {
     char buf[PAGE];
@@ -42,20 +43,27 @@ static void check(int in, int k, char byte) {
 static void *thread(void *arg) {
     (void)arg;
     check(fd, 1, 'B');
-    char c;
+    char c = 'r';
+    if (write(read_done[1], &c, 1) != 1) return (void *)1;
     if (read(go[0], &c, 1) != 1) return (void *)1;
     return 0;
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: owner_death <file> <thread-first|close-first>\n");
+    if (argc != 4) {
+        fprintf(stderr, "usage: owner_death <file> <thread-first|close-first> <marker>\n");
         return 2;
     }
     path = argv[1];
     int close_first = strcmp(argv[2], "close-first") == 0;
+    /* A descriptor without close-on-exec of a file the library does not serve, which an
+     * owner this program starts must not keep. */
+    if (open(argv[3], O_RDWR | O_CREAT, 0644) < 0) {
+        perror("open marker");
+        return 1;
+    }
     fd = open(path, O_RDWR);
-    if (fd < 0 || pipe(go) != 0) {
+    if (fd < 0 || pipe(go) != 0 || pipe(read_done) != 0) {
         perror("open");
         return 1;
     }
@@ -63,7 +71,8 @@ int main(int argc, char **argv) {
     check(fd, 0, 'A');
     pthread_t t;
     pthread_create(&t, 0, thread, 0);
-    usleep(100000); /* the thread has read (and so claimed a slot) */
+    char c;
+    if (read(read_done[0], &c, 1) != 1) return 1; /* the thread has read: it holds a slot */
     printf("ready\n");
     fflush(stdout);
     char line[16];

@@ -28,6 +28,36 @@ pub mod probe;
 mod threads;
 mod uring;
 
+/// Closes every descriptor above standard error. A process that a program starts (the shared
+/// cache's owner, which a process using the preload library starts, at any point of its life)
+/// inherits every descriptor the program left without close-on-exec: a database backend's
+/// client socket, its data files open for writing. Held by a long-lived owner, such a socket
+/// would not close when the program closed it, and such a file would look written by another
+/// process (no read lease for anyone). Call first thing in `main`, before the process opens
+/// any descriptor of its own.
+#[cfg(not(loom))]
+pub(crate) fn close_inherited_descriptors() {
+    // SAFETY: called first thing in the owner's `main`, before it opens or is handed any
+    // descriptor above 2: none of those closed belongs to any value of this process.
+    let closed = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if closed == 0 {
+        return;
+    }
+    // No close_range (Linux before 5.9): the descriptors /proc lists, gathered before closing
+    // (the directory's own descriptor is among them and is closed when the listing drops).
+    let listed: Vec<i32> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .filter(|&fd| fd > 2)
+            .collect(),
+        Err(_) => return,
+    };
+    for fd in listed {
+        // SAFETY: as above; the listing's own descriptor is closed already (EBADF, ignored).
+        unsafe { libc::close(fd) };
+    }
+}
+
 pub(crate) use direct::Engine;
 pub use direct::{DirectFile, EngineKind, IoMode, OpenOptions};
 

@@ -54,6 +54,7 @@ const TICK: Duration = Duration::from_millis(200);
 /// The owner program's entry: `foliocache-owner NAME`. Returns the exit code.
 #[doc(hidden)]
 pub fn main() -> i32 {
+    crate::io::close_inherited_descriptors();
     let args: Vec<String> = std::env::args().collect();
     let Some(name) = args.get(1).filter(|_| args.len() == 2) else {
         eprintln!(

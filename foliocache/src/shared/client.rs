@@ -209,10 +209,12 @@ impl Attachment {
             .recovering
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let outer = RECOVERING.replace(self.id);
-        let result = self.recover_locked(seen);
-        RECOVERING.set(outer);
-        result
+        let _recovering = Mark::set(&RECOVERING, self.id);
+        // Every call the recovery makes is the library's own (reading an owner's start time
+        // in /proc, the owner's log and spawn), whatever called the cache: see
+        // `starting_owner`.
+        let _starting = Mark::set(&STARTING_OWNER, true);
+        self.recover_locked(seen)
     }
 
     /// [`Self::recover`] with its lock held.
@@ -655,9 +657,10 @@ std::thread_local! {
     static STARTING_OWNER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Whether this thread is starting a shared cache's owner. The calls it makes meanwhile
-/// (opening the owner's log, spawning the owner) are the library's own, and it may be doing
-/// so from inside a request (a process whose owner died starts the next one): a program that
+/// Whether this thread is starting a shared cache's owner, or recovering from an owner's
+/// death. The calls it makes meanwhile (reading an owner's start time in `/proc`, opening the
+/// owner's log, spawning the owner) are the library's own, and it may be doing so from inside
+/// a request (a process whose owner died starts the next one): a program that
 /// interposes those calls, as the preload library does, must pass them straight through, and
 /// not flush or ask the cache anything, which would wait for this very start.
 pub fn starting_owner() -> bool {
@@ -734,16 +737,8 @@ impl ClientFile {
 
     /// Sends the open of the attached descriptor to the owner; its answer.
     fn open_with_owner(&self) -> Result<Msg, Error> {
-        // A duplicate, not the lock, is held across the request: recovering from a dead
-        // owner inside it takes this lock again (a second read lock waits behind a waiting
-        // writer).
-        let fd = {
-            let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
-            fd.as_ref()
-                .ok_or(Error::Detached)?
-                .try_clone()
-                .map_err(|e| io_error(self.attachment.name(), "dup of the file's descriptor", e))?
-        };
+        let fd = self.fd.read().unwrap_or_else(PoisonError::into_inner);
+        let fd = fd.as_ref().ok_or(Error::Detached)?;
         let (answer, _) = self
             .attachment
             .control(&self.open_message(), Some(fd.as_fd()))?;
@@ -1360,10 +1355,30 @@ fn start_owner(
     program: Option<&Path>,
     memfd: Option<&OwnedFd>,
 ) -> Result<bool, Error> {
-    let outer = STARTING_OWNER.replace(true);
-    let started = start_owner_marked(paths, settings, program, memfd);
-    STARTING_OWNER.set(outer);
-    started
+    let _starting = Mark::set(&STARTING_OWNER, true);
+    start_owner_marked(paths, settings, program, memfd)
+}
+
+/// A thread-local mark set for a scope: the value before is put back when dropped (also when
+/// a panic unwinds through the scope).
+struct Mark<T: Copy + 'static> {
+    key: &'static std::thread::LocalKey<std::cell::Cell<T>>,
+    outer: T,
+}
+
+impl<T: Copy + 'static> Mark<T> {
+    fn set(key: &'static std::thread::LocalKey<std::cell::Cell<T>>, value: T) -> Self {
+        Self {
+            key,
+            outer: key.replace(value),
+        }
+    }
+}
+
+impl<T: Copy + 'static> Drop for Mark<T> {
+    fn drop(&mut self) {
+        self.key.set(self.outer);
+    }
 }
 
 /// [`start_owner`], with this thread marked as starting one ([`starting_owner`]).
