@@ -215,14 +215,7 @@ fn a_process_whose_owner_died_exits_threads_and_closes_files() {
         let mut line = String::new();
         std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
         assert_eq!(line, "ready\n", "{writes:?}, {order}");
-        let status = foliocache::cache_command(&name, foliocache::CacheCommand::Status)
-            .expect("the program's owner answers");
-        let pid: i32 = status
-            .split("\"owner_pid\":")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .and_then(|s| s.parse().ok())
-            .expect("the status names the owner's pid");
+        let pid = owner_pid(&name);
         // SAFETY: kill(2) with integer arguments.
         let killed = unsafe { libc::kill(pid, libc::SIGKILL) };
         assert_eq!(killed, 0, "{writes:?}, {order}");
@@ -255,15 +248,11 @@ fn a_process_whose_owner_died_exits_threads_and_closes_files() {
             "{writes:?}, {order}, {exit}: {rest}{stderr}"
         );
         // A new owner serves the cache, and kept none of the program's descriptors.
-        let status = foliocache::cache_command(&name, foliocache::CacheCommand::Status)
-            .expect("a new owner answers");
-        let new_pid: i32 = status
-            .split("\"owner_pid\":")
-            .nth(1)
-            .and_then(|s| s.split(',').next())
-            .and_then(|s| s.parse().ok())
-            .expect("the status names the owner's pid");
-        assert_ne!(new_pid, pid, "{writes:?}, {order}: {status}");
+        let new_pid = owner_pid(&name);
+        assert_ne!(
+            new_pid, pid,
+            "{writes:?}, {order}: the owner did not change"
+        );
         let held: Vec<String> = std::fs::read_dir(format!("/proc/{new_pid}/fd"))
             .unwrap()
             .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
@@ -280,4 +269,16 @@ fn a_process_whose_owner_died_exits_threads_and_closes_files() {
     }
     let _ = foliocache::cache_command(&name, foliocache::CacheCommand::Destroy { force: true });
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The pid of the owner of shared cache `name`, from its status.
+fn owner_pid(name: &str) -> i32 {
+    let status = foliocache::cache_command(name, foliocache::CacheCommand::Status)
+        .expect("the cache's owner answers");
+    status
+        .split("\"owner_pid\":")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no owner_pid in the status: {status}"))
 }
