@@ -2,7 +2,8 @@
 //! modes, compared with a run without it: a cluster whose data directory is served,
 //! `pgbench -i`, a fixed number of `pgbench` transactions from four clients, an immediate
 //! shutdown, a start (crash recovery), the invariants and `pg_amcheck --heapallindexed`, then
-//! a fast shutdown, a start and the invariants again. Before the library held leases this
+//! a fast shutdown, a start and the invariants again. On the shared cache, its owner is
+//! SIGKILLed twice during the transactions, and none may fail. Before the library held leases this
 //! corrupted the cluster in both modes (each backend kept a private copy of pages another
 //! backend rewrote); on the shared cache every backend reads and writes the same pages.
 //!
@@ -235,9 +236,56 @@ fn tps(out: &Output) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// initdb, pgbench -i, `transactions` per client, an immediate shutdown, crash recovery, the
+/// The pid of a shared cache `default`'s owner run by `uid`, if one runs (the only owner of
+/// that user and name while this binary's single test runs).
+fn find_owner(uid: u32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let entry = entry.ok()?;
+        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let mut args = cmdline.split(|&b| b == 0);
+        let program = String::from_utf8_lossy(args.next()?).into_owned();
+        if !program.ends_with("foliocache-owner") || args.next()? != b"default" {
+            return None;
+        }
+        let status = std::fs::read_to_string(entry.path().join("status")).ok()?;
+        let owner_uid: u32 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()?;
+        (owner_uid == uid).then_some(pid)
+    })
+}
+
+/// SIGKILLs the shared cache's owner (see [`find_owner`]) up to `times` times while `running`
+/// holds, each time one that was not killed before (the one the next request started).
+/// Returns how many it killed.
+fn kill_owners(uid: u32, times: usize, running: &std::sync::atomic::AtomicBool) -> usize {
+    let mut killed: Vec<i32> = Vec::new();
+    while running.load(std::sync::atomic::Ordering::Relaxed) && killed.len() < times {
+        if let Some(pid) = find_owner(uid).filter(|pid| !killed.contains(pid)) {
+            // SAFETY: kill(2) with integer arguments.
+            if unsafe { libc::kill(pid, libc::SIGKILL) } == 0 {
+                killed.push(pid);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    killed.len()
+}
+
+/// initdb, pgbench -i, `transactions` per client (with `kill_owner`, the shared cache's owner,
+/// run by that uid, SIGKILLed twice meanwhile), an immediate shutdown, crash recovery, the
 /// invariants and pg_amcheck. Returns the tps.
-fn crash_and_recover(cluster: &mut Cluster, transactions: usize, label: &str) -> f64 {
+fn crash_and_recover(
+    cluster: &mut Cluster,
+    transactions: usize,
+    label: &str,
+    kill_owner: Option<u32>,
+) -> f64 {
     cluster.initdb();
     assert!(
         cluster.start(),
@@ -245,11 +293,23 @@ fn crash_and_recover(cluster: &mut Cluster, transactions: usize, label: &str) ->
         cluster.log_tail()
     );
     cluster.run("pgbench", &["-i", "-q", "-s", SCALE], 600);
-    let out = cluster.run(
-        "pgbench",
-        &["-c", "4", "-j", "2", "-t", &transactions.to_string()],
-        1800,
-    );
+    let running = std::sync::atomic::AtomicBool::new(true);
+    let (out, killed) = std::thread::scope(|scope| {
+        let running = &running;
+        let killer = kill_owner.map(|uid| scope.spawn(move || kill_owners(uid, 2, running)));
+        let out = cluster.run(
+            "pgbench",
+            &["-c", "4", "-j", "2", "-t", &transactions.to_string()],
+            1800,
+        );
+        running.store(false, std::sync::atomic::Ordering::Relaxed);
+        (out, killer.map(|k| k.join().unwrap()))
+    });
+    if let Some(killed) = killed {
+        // The workload ran across the owner's deaths: every transaction below committed.
+        assert!(killed > 0, "{label}: no owner was killed during pgbench");
+        eprintln!("{label}: the shared cache's owner was killed {killed} times during pgbench");
+    }
     let tps = tps(&out);
     let processed = format!(
         "number of transactions actually processed: {}/{}",
@@ -338,7 +398,7 @@ fn postgresql_recovers_from_a_crash_and_checks_clean_through_the_library() {
     let mut kernel = Cluster::new(&bin, root.join("kernel"), ids, None);
     report.push((
         "kernel".to_owned(),
-        crash_and_recover(&mut kernel, transactions, "kernel"),
+        crash_and_recover(&mut kernel, transactions, "kernel", None),
     ));
     for (cache, writes) in common::modes() {
         let name = format!("{}-{}", cache.as_str(), writes.as_str());
@@ -348,7 +408,13 @@ fn postgresql_recovers_from_a_crash_and_checks_clean_through_the_library() {
             writes.as_str()
         );
         let mut cluster = Cluster::new(&bin, root.join(&name), ids, Some((cache, writes)));
-        report.push((name, crash_and_recover(&mut cluster, transactions, &label)));
+        // On the shared cache its owner is killed during the workload, as the OOM killer
+        // would: the backends must recover without an error PostgreSQL sees.
+        let kill_owner = (cache == CacheMode::Shared).then_some(ids.0);
+        report.push((
+            name,
+            crash_and_recover(&mut cluster, transactions, &label, kill_owner),
+        ));
         let s = stats(&cluster.dir.join("stats.jsonl"));
         assert!(s.processes > 0, "{label}: no backend wrote its counters");
         assert!(s.files > 0, "{label}: no file was cached: {s:?}");
