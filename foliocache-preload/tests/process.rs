@@ -162,6 +162,53 @@ fn io_in_exit_handlers_and_key_destructors_is_served() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// More threads than a shared cache has slots (1024), one after the other, each reading a
+/// served file only in a pthread key destructor (`tests/c/late_threads.c`): a slot claimed
+/// after the thread-locals' destructors must be given back when the thread ends, or the
+/// claims run out. A cache of the test's own, so no other program holds its slots.
+#[test]
+fn slots_claimed_in_key_destructors_are_given_back() {
+    if !have("gcc") {
+        return;
+    }
+    let dir = work_dir("late-threads");
+    let exe = compile_c(&dir, "late_threads", include_str!("c/late_threads.c"));
+    let data = dir.join("data");
+    let mut bytes = vec![0u8; 64 << 10];
+    bytes[..4096].fill(b'A');
+    std::fs::write(&data, &bytes).unwrap();
+    let name = format!("late-threads-{}", std::process::id());
+    let stats_path = dir.join("stats.jsonl");
+    let with = With::Library {
+        cache: CacheMode::Shared,
+        writes: Writes::Through,
+        stats: &stats_path,
+    };
+    let out = command(
+        &dir,
+        with,
+        exe.to_str().unwrap(),
+        &[data.to_str().unwrap(), "1100"],
+    )
+    .env("FOLIOCACHE_SHARED", &name)
+    .output()
+    .unwrap();
+    let _ = foliocache::cache_command(&name, foliocache::CacheCommand::Destroy { force: true });
+    assert!(
+        out.status.success() && out.stdout == b"ok\n",
+        "{}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = stats(&stats_path);
+    assert!(
+        s.reads >= 1100,
+        "the destructors' reads were not served: {s:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The shared cache's owner is SIGKILLed while a process holds slots and an open file
 /// (`tests/c/owner_death.c`). Then one of its threads exits and it closes the file, in either
 /// order; the first finds the owner gone and starts the next one. Each once deadlocked. A

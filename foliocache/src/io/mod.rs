@@ -25,6 +25,8 @@ pub(crate) mod forks;
 #[cfg(not(loom))]
 pub(crate) mod lease;
 pub mod probe;
+#[cfg(not(loom))]
+pub(crate) mod thread_exit;
 mod threads;
 mod uring;
 

@@ -21,7 +21,6 @@ use crate::mem::shared::{MAIL_WORDS, SETTINGS_WORDS, SharedMap, ThreadSlot};
 use crate::mem::{PAGE_SHIFT, flag};
 use crate::policy::RefcountPolicy;
 use crate::readahead::RaState;
-use std::cell::RefCell;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -307,18 +306,8 @@ impl Attachment {
     /// This thread's slot (claimed on first use).
     pub(crate) fn slot(self: &Arc<Self>) -> Result<u32, Error> {
         self.check_process()?;
-        match CLAIMS.try_with(|claims| claims.borrow().find(self.id)) {
-            Ok(Some(slot)) => return Ok(slot),
-            Ok(None) => {}
-            // The thread's thread-locals are destroyed (it is exiting: a C program's key
-            // destructors and `atexit` handlers run after them): its late claim, if any.
-            Err(_) => {
-                if let Some((attachment, slot)) = LATE_CLAIM.get()
-                    && attachment == self.id
-                {
-                    return Ok(slot);
-                }
-            }
+        if let Some(slot) = thread_claim(self.id) {
+            return Ok(slot);
         }
         let process = self.process_slot.load(Ordering::Acquire);
         let threads = self.map.threads();
@@ -346,18 +335,19 @@ impl Attachment {
             self.forget_slot(slot, process);
             return Err(e);
         }
-        let recorded = CLAIMS.try_with(|claims| {
-            claims.borrow_mut().0.push(Claim {
-                attachment: self.id,
-                slot,
-                owner: Arc::downgrade(self),
-            });
-        });
-        if recorded.is_err() {
-            // No destructor will give this slot back: it stays claimed until the process
-            // detaches (or dies), when the owner frees it with the others in `claimed`.
-            LATE_CLAIM.set(Some((self.id, slot)));
-        }
+        // Given back when this thread ends, by a pthread key's destructor: those run after
+        // the thread-locals' destructors, so also for a slot claimed from a C program's key
+        // destructor (see `thread_exit`). A thread that ends the process never gets there: the
+        // process's detach (or death) frees its slots with the others in `claimed`.
+        thread_record(self.id, slot);
+        let (id, attachment) = (self.id, Arc::downgrade(self));
+        crate::io::thread_exit::later(Box::new(move || {
+            if thread_forget(id, slot)
+                && let Some(attachment) = attachment.upgrade()
+            {
+                attachment.release_slot(slot);
+            }
+        }));
         Ok(slot)
     }
 
@@ -454,15 +444,7 @@ impl Attachment {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|&s| s != slot);
-        let _ = CLAIMS.try_with(|claims| {
-            claims
-                .borrow_mut()
-                .0
-                .retain(|c| !(c.attachment == self.id && c.slot == slot));
-        });
-        if LATE_CLAIM.get() == Some((self.id, slot)) {
-            LATE_CLAIM.set(None);
-        }
+        thread_forget(self.id, slot);
     }
 
     /// Submits `request` in `slot` and waits: the answer, or `None` if the slot was taken
@@ -614,43 +596,51 @@ impl Attachment {
     }
 }
 
-/// A thread's claimed slots, one per attachment; given back when the thread exits.
-#[derive(Default)]
-struct Claims(Vec<Claim>);
+/// How many attachments' slots one thread keeps at once (a thread using more shared caches
+/// than this gives up the oldest's record; that slot then stays claimed until the process
+/// detaches).
+const THREAD_CLAIMS: usize = 4;
 
-struct Claim {
-    attachment: u64,
-    slot: u32,
-    owner: Weak<Attachment>,
+/// This thread's slot of attachment `id`, if it holds one.
+fn thread_claim(id: u64) -> Option<u32> {
+    THREAD_SLOTS
+        .get()
+        .iter()
+        .find(|&&(attachment, _)| attachment == id)
+        .map(|&(_, slot)| slot)
 }
 
-impl Claims {
-    fn find(&self, attachment: u64) -> Option<u32> {
-        self.0
-            .iter()
-            .find(|c| c.attachment == attachment)
-            .map(|c| c.slot)
-    }
-}
-
-impl Drop for Claims {
-    fn drop(&mut self) {
-        for claim in self.0.drain(..) {
-            if let Some(attachment) = claim.owner.upgrade() {
-                attachment.release_slot(claim.slot);
-            }
+/// Records that this thread holds `slot` of attachment `id`.
+fn thread_record(id: u64, slot: u32) {
+    let mut claims = THREAD_SLOTS.get();
+    match claims.iter_mut().find(|(attachment, _)| *attachment == 0) {
+        Some(free) => *free = (id, slot),
+        None => {
+            claims.rotate_left(1);
+            claims[THREAD_CLAIMS - 1] = (id, slot);
         }
     }
+    THREAD_SLOTS.set(claims);
+}
+
+/// Forgets this thread's record of `slot` of attachment `id`: whether it had one.
+fn thread_forget(id: u64, slot: u32) -> bool {
+    let mut claims = THREAD_SLOTS.get();
+    let Some(claim) = claims.iter_mut().find(|c| **c == (id, slot)) else {
+        return false;
+    };
+    *claim = (0, 0);
+    THREAD_SLOTS.set(claims);
+    true
 }
 
 std::thread_local! {
-    static CLAIMS: RefCell<Claims> = RefCell::new(Claims::default());
-    /// The slot (and its attachment) of a thread that claimed one after `CLAIMS` was
-    /// destroyed. It has no destructor, so it is never destroyed: a thread's C key destructors
-    /// and a process's `atexit` handlers run after the thread-locals' destructors, and may
-    /// still read and write. One per thread: a late use of a second attachment claims again,
-    /// and the slot it replaces stays claimed until the process detaches.
-    static LATE_CLAIM: std::cell::Cell<Option<(u64, u32)>> = const { std::cell::Cell::new(None) };
+    /// The slots this thread holds: (attachment id, slot), id 0 for none. Without a
+    /// destructor, so never destroyed: a C program's key destructors and `atexit` handlers,
+    /// which run after the thread-locals' destructors, still find it (and a lazily set up
+    /// thread-local first touched there would register a destructor that never runs).
+    static THREAD_SLOTS: std::cell::Cell<[(u64, u32); THREAD_CLAIMS]> =
+        const { std::cell::Cell::new([(0, 0); THREAD_CLAIMS]) };
     /// The attachment this thread is recovering from a dead owner (0: none).
     static RECOVERING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Whether this thread is starting an owner ([`starting_owner`]).
