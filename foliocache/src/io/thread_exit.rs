@@ -1,9 +1,9 @@
 //! Work for after a thread's thread-local destructors: a pthread key's destructor. glibc runs
-//! those after the thread-locals' destructors, and runs them again (up to
-//! `PTHREAD_DESTRUCTOR_ITERATIONS` rounds) while a destructor leaves a key with a value, so work
-//! registered from another key's destructor still runs. Nothing runs for a thread that ends
-//! the process (`exit`, or the main thread returning): the process's end frees what the work
-//! would have.
+//! those after the thread-locals' destructors, and runs them again while a destructor leaves a
+//! key with a value, so work registered from another key's destructor still runs; but at most
+//! `PTHREAD_DESTRUCTOR_ITERATIONS` (4) rounds: work registered in the last round never runs.
+//! Nothing runs for a thread that ends the process (`exit`, or the main thread returning): the
+//! process's end frees what the work would have.
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};

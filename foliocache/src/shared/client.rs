@@ -341,7 +341,9 @@ impl Attachment {
         // process's detach (or death) frees its slots with the others in `claimed`.
         thread_record(self.id, slot);
         let (id, attachment) = (self.id, Arc::downgrade(self));
-        crate::io::thread_exit::later(Box::new(move || {
+        // Not registered (the process used up every pthread key): the slot stays claimed until
+        // the process detaches.
+        let _ = crate::io::thread_exit::later(Box::new(move || {
             if thread_forget(id, slot)
                 && let Some(attachment) = attachment.upgrade()
             {
@@ -596,10 +598,10 @@ impl Attachment {
     }
 }
 
-/// How many attachments' slots one thread keeps at once (a thread using more shared caches
+/// How many attachments' slots one thread keeps at once. A thread using more shared caches
 /// than this gives up the oldest's record; that slot then stays claimed until the process
-/// detaches).
-const THREAD_CLAIMS: usize = 4;
+/// detaches, and the next use of that cache by the thread claims another.
+const THREAD_CLAIMS: usize = 16;
 
 /// This thread's slot of attachment `id`, if it holds one.
 fn thread_claim(id: u64) -> Option<u32> {
