@@ -762,10 +762,12 @@ impl Fetch {
             let chunk: Bytes =
                 chunk.map_err(|error| errno_error(libc::EIO, format!("{}: {error}", what())))?;
             let n = (chunk.len() as u64).min(left);
-            fill.take(&chunk[..n as usize]);
+            // Counted before the bytes reach the folios: a reader that sees the last folio
+            // filled (its flag's release, then the reader's acquire) sees every byte counted.
             self.counters
                 .bytes_fetched
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            fill.take(&chunk[..n as usize]);
             left -= n;
             if left == 0 {
                 break;
