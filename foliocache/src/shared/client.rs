@@ -603,37 +603,43 @@ impl Attachment {
 /// detaches, and the next use of that cache by the thread claims another.
 const THREAD_CLAIMS: usize = 16;
 
-/// This thread's slot of attachment `id`, if it holds one.
+/// This thread's slot of attachment `id`, if it holds one (on every hit: no copy of the
+/// records, and usually one look).
 fn thread_claim(id: u64) -> Option<u32> {
-    THREAD_SLOTS
-        .get()
-        .iter()
-        .find(|&&(attachment, _)| attachment == id)
-        .map(|&(_, slot)| slot)
+    THREAD_SLOTS.with(|claims| {
+        claims.iter().find_map(|claim| {
+            let (attachment, slot) = claim.get();
+            (attachment == id).then_some(slot)
+        })
+    })
 }
 
-/// Records that this thread holds `slot` of attachment `id`.
+/// Records that this thread holds `slot` of attachment `id` (with every record taken, the
+/// oldest goes).
 fn thread_record(id: u64, slot: u32) {
-    let mut claims = THREAD_SLOTS.get();
-    match claims.iter_mut().find(|(attachment, _)| *attachment == 0) {
-        Some(free) => *free = (id, slot),
-        None => {
-            claims.rotate_left(1);
-            claims[THREAD_CLAIMS - 1] = (id, slot);
+    THREAD_SLOTS.with(|claims| {
+        let free = claims.iter().find(|claim| claim.get().0 == 0);
+        match free {
+            Some(free) => free.set((id, slot)),
+            None => {
+                for k in 1..THREAD_CLAIMS {
+                    claims[k - 1].set(claims[k].get());
+                }
+                claims[THREAD_CLAIMS - 1].set((id, slot));
+            }
         }
-    }
-    THREAD_SLOTS.set(claims);
+    });
 }
 
 /// Forgets this thread's record of `slot` of attachment `id`: whether it had one.
 fn thread_forget(id: u64, slot: u32) -> bool {
-    let mut claims = THREAD_SLOTS.get();
-    let Some(claim) = claims.iter_mut().find(|c| **c == (id, slot)) else {
-        return false;
-    };
-    *claim = (0, 0);
-    THREAD_SLOTS.set(claims);
-    true
+    THREAD_SLOTS.with(|claims| {
+        claims
+            .iter()
+            .find(|claim| claim.get() == (id, slot))
+            .map(|claim| claim.set((0, 0)))
+            .is_some()
+    })
 }
 
 std::thread_local! {
@@ -641,8 +647,8 @@ std::thread_local! {
     /// destructor, so never destroyed: a C program's key destructors and `atexit` handlers,
     /// which run after the thread-locals' destructors, still find it (and a lazily set up
     /// thread-local first touched there would register a destructor that never runs).
-    static THREAD_SLOTS: std::cell::Cell<[(u64, u32); THREAD_CLAIMS]> =
-        const { std::cell::Cell::new([(0, 0); THREAD_CLAIMS]) };
+    static THREAD_SLOTS: [std::cell::Cell<(u64, u32)>; THREAD_CLAIMS] =
+        const { [const { std::cell::Cell::new((0, 0)) }; THREAD_CLAIMS] };
     /// The attachment this thread is recovering from a dead owner (0: none).
     static RECOVERING: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Whether this thread is starting an owner ([`starting_owner`]).
