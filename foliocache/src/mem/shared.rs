@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicI32, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, 
 pub(crate) const MAGIC: [u8; 8] = *b"foliosh1";
 
 /// Bumped whenever the meaning of any byte of the mapping changes.
-pub(crate) const LAYOUT_VERSION: u32 = 2;
+pub(crate) const LAYOUT_VERSION: u32 = 3;
 
 /// Words of settings the header carries (their meaning is the shared cache's, `crate::shared`).
 pub(crate) const SETTINGS_WORDS: usize = 32;
@@ -56,6 +56,28 @@ pub(crate) const STAGING: u64 = u64::MAX - 2;
 
 /// The arena's alignment in the mapping (the largest folio).
 const ARENA_ALIGN: usize = 2 << 20;
+
+/// A huge page of the memfd (2 MiB, a PMD on x86-64 and arm64 with 4 KiB pages).
+const HUGE: usize = 2 << 20;
+
+/// Puts one page in each [`HUGE`] range of a new memfd, which `MADV_COLLAPSE` needs to find
+/// there before it makes the range one huge page (it fills the rest with zeros). Reserving
+/// every page first instead would make the kernel copy them all on collapse, about 25 times
+/// slower. Best effort, like the collapse.
+fn seed_huge_ranges(fd: &OwnedFd, total: u64) {
+    for start in (0..total / HUGE as u64).map(|r| r * HUGE as u64) {
+        if rustix::fs::fallocate(
+            fd,
+            rustix::fs::FallocateFlags::empty(),
+            start,
+            PAGE_SIZE as u64,
+        )
+        .is_err()
+        {
+            return;
+        }
+    }
+}
 
 /// One section of the mapping: where it starts and how many items of what size it holds.
 #[repr(C)]
@@ -117,6 +139,8 @@ pub(crate) struct Live {
     /// Counters the owner publishes for `fcache cache status`: free pages, dirty pages, pages
     /// under writeback, files, attached processes, nanoseconds of the last takeover.
     pub(crate) counters: [AtomicU64; 8],
+    /// How many 2 MiB ranges of the memfd its creator had backed by huge pages.
+    pub(crate) huge_ranges: AtomicU64,
 }
 
 /// The header: the fixed part, then the live words.
@@ -362,12 +386,10 @@ impl SharedMap {
         .map_err(|e| mapping_error(format!("memfd_create: {e}")))?;
         rustix::fs::ftruncate(&fd, total)
             .map_err(|e| mapping_error(format!("cannot size the mapping to {total} bytes: {e}")))?;
-        rustix::fs::fallocate(&fd, rustix::fs::FallocateFlags::empty(), 0, total).map_err(|e| {
-            mapping_error(format!(
-                "cannot reserve {} MiB of shared memory: {e}",
-                total >> 20
-            ))
-        })?;
+        let huge = settings[crate::shared::settings::HUGE_PAGES] != 0;
+        if huge {
+            seed_huge_ranges(&fd, total);
+        }
         let fixed = Fixed {
             magic: MAGIC,
             version: LAYOUT_VERSION,
@@ -380,9 +402,19 @@ impl SharedMap {
         }
         .with_checksum();
         let map = Self::map(fd, total as usize, fixed)?;
+        let huge_ranges = if huge { map.collapse() } else { 0 };
+        rustix::fs::fallocate(&map.fd, rustix::fs::FallocateFlags::empty(), 0, total).map_err(
+            |e| {
+                mapping_error(format!(
+                    "cannot reserve {} MiB of shared memory: {e}",
+                    total >> 20
+                ))
+            },
+        )?;
         // SAFETY: the header lies at the start of the mapping, which is at least a header long
         // (sections start after it); nobody else has the memfd yet.
         unsafe { map.base.as_ptr().cast::<Fixed>().write_volatile(fixed) };
+        map.live().huge_ranges.store(huge_ranges, Ordering::Relaxed);
         for desc in map.table() {
             desc.reset(policy);
         }
@@ -486,33 +518,108 @@ impl SharedMap {
         Ok(())
     }
 
+    /// Maps `len` bytes of the memfd. A mapping of at least [`HUGE`] bytes starts at a
+    /// [`HUGE`]-aligned address, so the memfd's huge pages (file offsets aligned alike) can be
+    /// mapped whole, one page-table entry each, in every process.
     fn map_raw(fd: &OwnedFd, len: usize, write: bool) -> Result<(NonNull<u8>, usize), Error> {
         let prot = if write {
             libc::PROT_READ | libc::PROT_WRITE
         } else {
             libc::PROT_READ
         };
-        // SAFETY: a new shared mapping of the memfd at an address of the kernel's choosing; no
-        // existing memory is affected.
+        let mmap_error = |bytes: usize| Error::Mmap {
+            bytes: bytes as u64,
+            source: std::io::Error::last_os_error(),
+        };
+        let (hint, flags, reserved) = if len >= HUGE {
+            // Reserve address space one huge page longer, then map the memfd over its first
+            // aligned address and give back what is left on either side.
+            let reserve = len + HUGE;
+            // SAFETY: a new private, inaccessible, unbacked mapping at an address of the
+            // kernel's choosing; no existing memory is affected.
+            let raw = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    reserve,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if raw == libc::MAP_FAILED {
+                return Err(mmap_error(reserve));
+            }
+            let start = raw as usize;
+            let aligned = (start + HUGE - 1) & !(HUGE - 1);
+            (aligned, libc::MAP_FIXED, Some((start, reserve)))
+        } else {
+            (0, 0, None)
+        };
+        // SAFETY: a new shared mapping of the memfd, either at an address of the kernel's
+        // choosing or (MAP_FIXED) over the inaccessible reservation made just above, which
+        // holds `hint..hint + len` and which nothing else uses.
         let raw = unsafe {
             libc::mmap(
-                std::ptr::null_mut(),
+                hint as *mut libc::c_void,
                 len,
                 prot,
-                libc::MAP_SHARED,
+                libc::MAP_SHARED | flags,
                 fd.as_fd().as_raw_fd_i32(),
                 0,
             )
         };
-        if raw == libc::MAP_FAILED {
-            return Err(Error::Mmap {
-                bytes: len as u64,
-                source: std::io::Error::last_os_error(),
-            });
+        let failed = raw == libc::MAP_FAILED;
+        let error = failed.then(|| mmap_error(len));
+        if let Some((start, reserve)) = reserved {
+            let end = start + reserve;
+            let (keep_from, keep_to) = if failed {
+                (hint, hint)
+            } else {
+                (hint, hint + len)
+            };
+            for (from, to) in [(start, keep_from), (keep_to, end)] {
+                if to > from {
+                    // SAFETY: unmapping parts of our own reservation that nothing uses (the
+                    // memfd's mapping lies between them).
+                    unsafe { libc::munmap(from as *mut libc::c_void, to - from) };
+                }
+            }
+        }
+        if let Some(error) = error {
+            return Err(error);
         }
         let base = NonNull::new(raw.cast::<u8>())
             .ok_or_else(|| mapping_error("mmap returned a null address"))?;
         Ok((base, len))
+    }
+
+    /// Backs the mapping with huge pages where the kernel can, one [`HUGE`] range at a time
+    /// (`MADV_COLLAPSE`, which works whatever `shmem_enabled` says except `deny`, and needs a
+    /// page present in each range: [`seed_huge_ranges`]). Best effort: a range the kernel
+    /// cannot collapse (no free huge page, an old kernel) keeps small pages. Returns how many
+    /// ranges it collapsed.
+    fn collapse(&self) -> u64 {
+        let mut collapsed = 0;
+        for start in (0..self.len / HUGE).map(|r| r * HUGE) {
+            // SAFETY: advising a range inside our own mapping; MADV_COLLAPSE keeps the
+            // contents (here the few seeded pages, all zeros) and only changes the backing.
+            let rc = unsafe {
+                libc::madvise(
+                    self.base.as_ptr().add(start).cast(),
+                    HUGE,
+                    libc::MADV_COLLAPSE,
+                )
+            };
+            if rc == 0 {
+                collapsed += 1;
+            } else if collapsed == 0 && start == 0 {
+                // The kernel cannot (EINVAL: no MADV_COLLAPSE, or THP off for shared memory):
+                // asking for every other range would fail alike.
+                break;
+            }
+        }
+        collapsed
     }
 
     fn map(fd: OwnedFd, len: usize, fixed: Fixed) -> Result<Self, Error> {
@@ -783,6 +890,97 @@ mod tests {
             Ok(_) => panic!("a bad mapping was attached"),
             Err(e) => e.to_string(),
         }
+    }
+
+    /// Whether this kernel can back shared memory with huge pages on request: transparent huge
+    /// pages built in and `shmem_enabled` not `deny` (MADV_COLLAPSE ignores the other values).
+    fn shmem_collapse_possible() -> bool {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+            .is_ok_and(|t| !t.contains("[deny]"))
+    }
+
+    /// `(bytes in PMD-mapped shared memory, bytes resident)` of this process's mapping that
+    /// starts at `base` (`/proc/self/smaps`).
+    fn pmd_mapped(base: usize) -> (u64, u64) {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        let (mut pmd, mut rss) = (0, 0);
+        for line in smaps.lines() {
+            if let Some((range, _)) = line.split_once(' ')
+                && let Some((start, _)) = range.split_once('-')
+                && let Ok(start) = usize::from_str_radix(start, 16)
+            {
+                inside = start == base;
+                continue;
+            }
+            let kb = |field: &str| -> Option<u64> {
+                line.strip_prefix(field)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            };
+            if inside {
+                pmd += kb("ShmemPmdMapped:").unwrap_or(0) << 10;
+                rss += kb("Rss:").unwrap_or(0) << 10;
+            }
+        }
+        (pmd, rss)
+    }
+
+    #[test]
+    fn a_mapping_is_aligned_and_backed_by_huge_pages_where_the_kernel_can() {
+        let shape = Shape {
+            pages: 4096,
+            processes: 4,
+            threads: 8,
+            files: 4,
+        };
+        let mut settings = [0; SETTINGS_WORDS];
+        settings[crate::shared::settings::HUGE_PAGES] = 1;
+        let map =
+            SharedMap::create("t", shape, settings, [7; 16], RefcountPolicy::FrozenBit).unwrap();
+        assert_eq!(
+            map.base.as_ptr() as usize % HUGE,
+            0,
+            "the mapping is not aligned"
+        );
+        let ranges = map.live().huge_ranges.load(Ordering::Relaxed);
+        let whole = (map.len / HUGE) as u64;
+        if !shmem_collapse_possible() {
+            eprintln!("this kernel gives shared memory no huge pages: only the alignment checked");
+            return;
+        }
+        // A free huge page is missing only on a machine short of memory.
+        assert_eq!(ranges, whole, "huge ranges of {} MiB", map.len >> 20);
+        // A second process's mapping (here a second map in this one) gets them as huge
+        // page-table entries when it touches them.
+        let other = SharedMap::attach(map.fd().try_clone().unwrap()).unwrap();
+        assert_eq!(other.base.as_ptr() as usize % HUGE, 0);
+        let (arena, pages) = other.arena();
+        let touch = |p: usize| {
+            // SAFETY: page `p < pages` of the arena, which `other` keeps mapped.
+            let byte = unsafe { arena.as_ptr().add(p * PAGE_SIZE).read_volatile() };
+            u64::from(byte)
+        };
+        let sum: u64 = (0..pages).map(touch).sum();
+        assert_eq!(sum, 0, "a new arena reads as zeros");
+        let (pmd, rss) = pmd_mapped(other.base.as_ptr() as usize);
+        assert!(
+            pmd >= (pages * PAGE_SIZE) as u64,
+            "{pmd} bytes PMD-mapped of {rss} resident"
+        );
+        // Without the setting: small pages.
+        let map = SharedMap::create(
+            "t",
+            shape,
+            [0; SETTINGS_WORDS],
+            [7; 16],
+            RefcountPolicy::FrozenBit,
+        )
+        .unwrap();
+        assert_eq!(map.live().huge_ranges.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -486,7 +486,8 @@ impl Owner {
         out.push_str(&format!(
             "\"name\":{:?},\"owner_pid\":{},\"owner_generation\":{},\"mapping_bytes\":{},\
              \"page_size\":{},\"total_pages\":{},\"free_pages\":{},\"dirty_pages\":{},\
-             \"writeback_pages\":{},\"shmem_huge_pages\":{:?},\"outside_writers\":{:?},",
+             \"writeback_pages\":{},\"shmem_huge_pages\":{:?},\"huge_page_bytes\":{},\
+             \"outside_writers\":{:?},",
             self.name,
             std::process::id(),
             live.owner_generation.load(Ordering::Relaxed),
@@ -497,6 +498,7 @@ impl Owner {
             stats.dirty.dirty_pages,
             stats.dirty.writeback_pages,
             super::shmem_huge_pages(),
+            live.huge_ranges.load(Ordering::Relaxed) * (2 << 20),
             match (&self.outside, &self.held) {
                 (Some(_), Some(_)) =>
                     "a read lease on each file no process holds writable (exact: an outside \
