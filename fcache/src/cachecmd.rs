@@ -40,28 +40,52 @@ pub(crate) fn run(args: &CacheArgs) -> Result<(), String> {
     };
     let answer = cache_command(name, command).map_err(|e| e.to_string())?;
     if command == CacheCommand::Status && !json {
-        print_status(&answer).map_err(|e| format!("the owner's status is malformed: {e}"))?;
+        print_status(&answer)?;
     } else {
-        println!("{answer}");
+        emit(&format!("{answer}\n"))?;
     }
     Ok(())
 }
 
-fn print_status(json: &str) -> Result<(), serde_json::Error> {
-    let v: serde_json::Value = serde_json::from_str(json)?;
+/// Appends one formatted line to a `String`.
+macro_rules! say {
+    ($out:ident, $($arg:tt)*) => {{
+        $out.push_str(&format!($($arg)*));
+        $out.push('\n');
+    }};
+}
+
+/// Writes `text` to stdout. A reader that went away (`fcache cache status | head`) ends the
+/// output quietly, as it does for other command-line tools; other errors are reported.
+fn emit(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
+    }
+}
+
+fn print_status(json: &str) -> Result<(), String> {
+    let mut out = String::new();
+    let v: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("the owner's status is malformed: {e}"))?;
     let pages = |k: &str| v[k].as_u64().unwrap_or(0);
     let page = pages("page_size").max(1);
     let mib = |p: u64| p * page / (1 << 20);
-    println!(
-        "shared cache {}: owner pid {} (generation {}), mapping {} MiB, page {} KiB, shmem huge pages: {}",
+    say!(
+        out,
+        "shared cache {}: owner pid {} (generation {}), mapping {} MiB ({} MiB in huge pages), \
+         page {} KiB, shmem_enabled: {}",
         v["name"].as_str().unwrap_or("?"),
         v["owner_pid"],
         v["owner_generation"],
         pages("mapping_bytes") >> 20,
+        pages("huge_page_bytes") >> 20,
         page >> 10,
         v["shmem_huge_pages"].as_str().unwrap_or("?")
     );
-    println!(
+    say!(
+        out,
         "  pages: {} total, {} free ({} MiB), {} dirty, {} under writeback",
         pages("total_pages"),
         pages("free_pages"),
@@ -69,21 +93,24 @@ fn print_status(json: &str) -> Result<(), serde_json::Error> {
         pages("dirty_pages"),
         pages("writeback_pages")
     );
-    println!("  attached processes: {}", v["processes"]);
+    say!(out, "  attached processes: {}", v["processes"]);
     if pages("last_takeover_ns") > 0 {
-        println!(
+        say!(
+            out,
             "  last takeover of a dead owner: {:.1} ms, {} clean pages kept",
             pages("last_takeover_ns") as f64 / 1e6,
             pages("last_takeover_kept_pages")
         );
     }
-    println!(
+    say!(
+        out,
         "  writers outside the cache: {}",
         v["outside_writers"].as_str().unwrap_or("?")
     );
     if v.get("outside_opens_held").is_some() {
         let held = pages("outside_opens_held");
-        println!(
+        say!(
+            out,
             "    fanotify: {held} outside opens held until the cache stopped serving their file{}",
             if held > 0 {
                 format!(
@@ -96,7 +123,8 @@ fn print_status(json: &str) -> Result<(), serde_json::Error> {
         );
     }
     if v.get("outside_events").is_some() {
-        println!(
+        say!(
+            out,
             "    {} events, {} changes by other programs found, {} queue overflows",
             pages("outside_events"),
             pages("outside_changes"),
@@ -104,17 +132,21 @@ fn print_status(json: &str) -> Result<(), serde_json::Error> {
         );
     }
     let files = v["files"].as_array().cloned().unwrap_or_default();
-    println!("  {} files:", files.len());
-    println!(
+    say!(out, "  {} files:", files.len());
+    say!(
+        out,
         "  {:>12} {:>10} {:>8}  path  (resident ranges: first page+pages)",
-        "size", "cached", "dirty"
+        "size",
+        "cached",
+        "dirty"
     );
     for f in files {
         let ranges: Vec<String> = f["ranges"]
             .as_array()
             .map(|r| r.iter().map(|p| format!("{}+{}", p[0], p[1])).collect())
             .unwrap_or_default();
-        println!(
+        say!(
+            out,
             "  {:>12} {:>10} {:>8}  {}  [{}]",
             f["size"],
             f["cached_pages"],
@@ -123,5 +155,5 @@ fn print_status(json: &str) -> Result<(), serde_json::Error> {
             ranges.join(" ")
         );
     }
-    Ok(())
+    emit(&out)
 }
