@@ -368,14 +368,16 @@ impl SharedMap {
         unsafe { super::word::Word::at(NonNull::from(field), keep) }
     }
 
-    /// Creates a new shared cache's memfd of `shape`, reserves all of its memory, writes its
-    /// header and folio table, seals its size, and maps it.
+    /// Creates a new shared cache's memfd of `shape`, reserves all of its memory (in huge
+    /// pages where the kernel can, if `huge`), writes its header and folio table, seals its
+    /// size, and maps it.
     pub(crate) fn create(
         name: &str,
         shape: Shape,
         settings: [u64; SETTINGS_WORDS],
         cache_id: [u8; 16],
         policy: super::refcount::RefcountPolicy,
+        huge: bool,
     ) -> Result<Self, Error> {
         use rustix::fs::{MemfdFlags, SealFlags};
         let (sections, total) = shape.sections()?;
@@ -386,7 +388,6 @@ impl SharedMap {
         .map_err(|e| mapping_error(format!("memfd_create: {e}")))?;
         rustix::fs::ftruncate(&fd, total)
             .map_err(|e| mapping_error(format!("cannot size the mapping to {total} bytes: {e}")))?;
-        let huge = settings[crate::shared::settings::HUGE_PAGES] != 0;
         if huge {
             seed_huge_ranges(&fd, total);
         }
@@ -858,6 +859,7 @@ mod tests {
             [0; SETTINGS_WORDS],
             [7; 16],
             RefcountPolicy::FrozenBit,
+            false,
         )
         .expect("create")
     }
@@ -937,10 +939,16 @@ mod tests {
             threads: 8,
             files: 4,
         };
-        let mut settings = [0; SETTINGS_WORDS];
-        settings[crate::shared::settings::HUGE_PAGES] = 1;
-        let map =
-            SharedMap::create("t", shape, settings, [7; 16], RefcountPolicy::FrozenBit).unwrap();
+        let settings = [0; SETTINGS_WORDS];
+        let map = SharedMap::create(
+            "t",
+            shape,
+            settings,
+            [7; 16],
+            RefcountPolicy::FrozenBit,
+            true,
+        )
+        .unwrap();
         assert_eq!(
             map.base.as_ptr() as usize % HUGE,
             0,
@@ -971,13 +979,14 @@ mod tests {
             pmd >= (pages * PAGE_SIZE) as u64,
             "{pmd} bytes PMD-mapped of {rss} resident"
         );
-        // Without the setting: small pages.
+        // Not asked for: small pages.
         let map = SharedMap::create(
             "t",
             shape,
-            [0; SETTINGS_WORDS],
+            settings,
             [7; 16],
             RefcountPolicy::FrozenBit,
+            false,
         )
         .unwrap();
         assert_eq!(map.live().huge_ranges.load(Ordering::Relaxed), 0);

@@ -360,7 +360,8 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         }
         None => {
             let shape = builder.shared_shape()?;
-            let map = SharedMap::create(name, shape, settings, random_id(), policy.refcount)?;
+            let huge = settings[crate::shared::settings::HUGE_PAGES] != 0;
+            let map = SharedMap::create(name, shape, settings, random_id(), policy.refcount, huge)?;
             log(
                 name,
                 &format!(
