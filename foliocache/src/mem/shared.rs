@@ -60,6 +60,13 @@ const ARENA_ALIGN: usize = 2 << 20;
 /// A huge page of the memfd (2 MiB, a PMD on x86-64 and arm64 with 4 KiB pages).
 const HUGE: usize = 2 << 20;
 
+/// How long a new cache's creator collapses ranges into huge pages before it reserves the rest
+/// in small pages and starts serving (the owner collapses those later, on a thread). A fresh
+/// huge page costs about 0.25 ms on bare metal, but up to 4.5 ms in a VM that handed its idle
+/// memory back to the host (BENCHMARKS.md, "Baseline: guest memory"): a 4 GiB cache then
+/// took 5–14 s to make.
+const COLLAPSE_BUDGET: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Puts one page in each [`HUGE`] range of a new memfd, which `MADV_COLLAPSE` needs to find
 /// there before it makes the range one huge page (it fills the rest with zeros). Reserving
 /// every page first instead would make the kernel copy them all on collapse, about 25 times
@@ -335,6 +342,9 @@ pub(crate) struct SharedMap {
     fd: OwnedFd,
     /// The checked copy of the fixed header.
     fixed: Fixed,
+    /// The first 2 MiB range the creator has not tried to collapse yet (`usize::MAX`: none
+    /// left, or huge pages not asked for). Process-local.
+    huge_next: AtomicUsize,
 }
 
 // SAFETY: the mapping is shared memory made of atomics and bytes copied out before use (module
@@ -403,7 +413,11 @@ impl SharedMap {
         }
         .with_checksum();
         let map = Self::map(fd, total as usize, fixed)?;
-        let huge_ranges = if huge { map.collapse() } else { 0 };
+        let huge_ranges = if huge {
+            map.collapse(0, std::time::Instant::now() + COLLAPSE_BUDGET)
+        } else {
+            0
+        };
         rustix::fs::fallocate(&map.fd, rustix::fs::FallocateFlags::empty(), 0, total).map_err(
             |e| {
                 mapping_error(format!(
@@ -596,31 +610,67 @@ impl SharedMap {
     }
 
     /// Backs the mapping with huge pages where the kernel can, one [`HUGE`] range at a time
-    /// (`MADV_COLLAPSE`, which works whatever `shmem_enabled` says except `deny`, and needs a
-    /// page present in each range: [`seed_huge_ranges`]). Best effort: a range the kernel
-    /// cannot collapse (no free huge page, an old kernel) keeps small pages. Returns how many
+    /// from range `first` (`MADV_COLLAPSE`, which works whatever `shmem_enabled` says except
+    /// `deny`; a range holding only a seeded page costs a fresh huge page, one whose pages
+    /// are all there also costs their copy). Best effort: a range the kernel cannot collapse
+    /// (no free huge page, pages pinned by I/O in flight) keeps small pages. Stops at
+    /// `deadline`, leaving [`Self::collapse_rest`] the ranges not tried. Returns how many
     /// ranges it collapsed.
-    fn collapse(&self) -> u64 {
+    fn collapse(&self, first: usize, deadline: std::time::Instant) -> u64 {
         let mut collapsed = 0;
-        for start in (0..self.len / HUGE).map(|r| r * HUGE) {
-            // SAFETY: advising a range inside our own mapping; MADV_COLLAPSE keeps the
-            // contents (here the few seeded pages, all zeros) and only changes the backing.
-            let rc = unsafe {
-                libc::madvise(
-                    self.base.as_ptr().add(start).cast(),
-                    HUGE,
-                    libc::MADV_COLLAPSE,
-                )
-            };
-            if rc == 0 {
-                collapsed += 1;
-            } else if collapsed == 0 && start == 0 {
-                // The kernel cannot (EINVAL: no MADV_COLLAPSE, or THP off for shared memory):
-                // asking for every other range would fail alike.
-                break;
+        for range in first..self.len / HUGE {
+            if std::time::Instant::now() >= deadline {
+                self.huge_next.store(range, Ordering::Relaxed);
+                return collapsed;
+            }
+            match self.collapse_range(range) {
+                Ok(()) => collapsed += 1,
+                // The kernel cannot (no MADV_COLLAPSE, or THP off for shared memory): every
+                // other range would fail alike.
+                Err(e) if collapsed == 0 && e.raw_os_error() == Some(libc::EINVAL) => break,
+                Err(_) => {}
             }
         }
         collapsed
+    }
+
+    /// `MADV_COLLAPSE` of range `range` (of [`HUGE`] bytes).
+    fn collapse_range(&self, range: usize) -> std::io::Result<()> {
+        debug_assert!(range < self.len / HUGE);
+        // SAFETY: advising a range inside our own mapping; MADV_COLLAPSE keeps the contents
+        // (the kernel copies them into the huge page, holding each small page locked and
+        // unmapped meanwhile, as khugepaged does) and only changes the backing.
+        let rc = unsafe {
+            libc::madvise(
+                self.base.as_ptr().add(range * HUGE).cast(),
+                HUGE,
+                libc::MADV_COLLAPSE,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    /// Whether the creator left ranges to collapse (its time at creation ran out).
+    pub(crate) fn huge_pending(&self) -> bool {
+        self.huge_next.load(Ordering::Relaxed) != usize::MAX
+    }
+
+    /// Collapses the ranges [`Self::create`] had no time for, counting each in the header
+    /// as it goes (so `fcache cache status` stays current). The owner runs it on a thread of
+    /// its own once it serves: the memory is reserved already (in small pages there), so this
+    /// only changes the backing. A process that dies halfway leaves a mapping partly in huge
+    /// pages, which is as valid as any.
+    pub(crate) fn collapse_rest(&self) {
+        let first = self.huge_next.swap(usize::MAX, Ordering::Relaxed);
+        for range in first..self.len / HUGE {
+            if self.collapse_range(range).is_ok() {
+                self.live().huge_ranges.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     fn map(fd: OwnedFd, len: usize, fixed: Fixed) -> Result<Self, Error> {
@@ -630,6 +680,7 @@ impl SharedMap {
             len,
             fd,
             fixed,
+            huge_next: AtomicUsize::new(usize::MAX),
         })
     }
 
@@ -990,6 +1041,33 @@ mod tests {
         )
         .unwrap();
         assert_eq!(map.live().huge_ranges.load(Ordering::Relaxed), 0);
+        // What the owner's thread does with ranges the creator had no time for: their pages
+        // are all there (reserved in small pages), and hold data the collapse must keep.
+        let (arena, pages) = map.arena();
+        let at = |p: usize| {
+            // SAFETY: page `p < pages` of the arena, which `map` keeps mapped; nothing else
+            // uses this mapping.
+            unsafe { arena.as_ptr().add(p * PAGE_SIZE + 7) }
+        };
+        for p in 0..pages {
+            // SAFETY: as above.
+            unsafe { at(p).write_volatile(p as u8 ^ 0x5a) };
+        }
+        map.huge_next.store(0, Ordering::Relaxed);
+        assert!(map.huge_pending());
+        map.collapse_rest();
+        assert!(!map.huge_pending());
+        assert_eq!(map.live().huge_ranges.load(Ordering::Relaxed), whole);
+        for p in 0..pages {
+            // SAFETY: as above.
+            let byte = unsafe { at(p).read_volatile() };
+            assert_eq!(byte, p as u8 ^ 0x5a, "page {p} changed by the collapse");
+        }
+        let (pmd, rss) = pmd_mapped(map.base.as_ptr() as usize);
+        assert!(
+            pmd >= (pages * PAGE_SIZE) as u64,
+            "after the late collapse: {pmd} bytes PMD-mapped of {rss} resident"
+        );
     }
 
     #[test]

@@ -373,7 +373,19 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
                     shape.files
                 ),
             );
-            (Arc::new(map), None)
+            let map = Arc::new(map);
+            if map.huge_pending() {
+                let rest = Arc::clone(&map);
+                if let Err(e) =
+                    crate::mem::threads::spawn("foliocache-huge", move || rest.collapse_rest())
+                {
+                    log(
+                        name,
+                        &format!("no thread to collapse the rest into huge pages: {e}"),
+                    );
+                }
+            }
+            (map, None)
         }
     };
     let cache = match &free {
