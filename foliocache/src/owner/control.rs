@@ -498,7 +498,7 @@ impl Owner {
             stats.dirty.dirty_pages,
             stats.dirty.writeback_pages,
             super::shmem_huge_pages(),
-            live.huge_ranges.load(Ordering::Relaxed) * (2 << 20),
+            self.map.huge_bytes(),
             match (&self.outside, &self.held) {
                 (Some(_), Some(_)) =>
                     "a read lease on each file no process holds writable (exact: an outside \

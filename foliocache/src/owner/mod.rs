@@ -373,12 +373,40 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
                     shape.files
                 ),
             );
+            if huge {
+                let collapses = map.collapses();
+                let note = if collapses.refused.load(Ordering::Relaxed) {
+                    " (the kernel gives shared memory none)".to_owned()
+                } else {
+                    match collapses.short_of_memory.load(Ordering::Relaxed) {
+                        0 => String::new(),
+                        short => {
+                            format!(" ({short} ranges of 2 MiB left small: no free huge page)")
+                        }
+                    }
+                };
+                log(
+                    name,
+                    &format!(
+                        "{} MiB in huge pages at creation{note}",
+                        map.huge_bytes() >> 20
+                    ),
+                );
+            }
             let map = Arc::new(map);
-            if map.huge_pending() {
+            if map.huge_pending() && !crate::mem::shared::late_collapse_safe() {
+                log(
+                    name,
+                    "the rest stays in small pages: this kernel (before 6.4) cannot collapse \
+                     pages other processes use",
+                );
+            } else if map.huge_pending() {
                 let rest = Arc::clone(&map);
-                if let Err(e) =
-                    crate::mem::threads::spawn("foliocache-huge", move || rest.collapse_rest())
-                {
+                let spawned = crate::mem::threads::spawn("foliocache-huge", move || {
+                    crate::mem::threads::idle_priority();
+                    rest.collapse_rest();
+                });
+                if let Err(e) = spawned {
                     log(
                         name,
                         &format!("no thread to collapse the rest into huge pages: {e}"),
