@@ -721,16 +721,36 @@ impl SharedMap {
     /// that dies halfway leaves a mapping partly in huge pages, which is as valid as any.
     pub(crate) fn collapse_rest(&self) {
         let first = self.huge_next.swap(usize::MAX, Ordering::Relaxed);
-        if first == usize::MAX {
-            return;
+        if first != usize::MAX {
+            self.collapse_ranges(first, true);
         }
+    }
+
+    /// For an owner that took over: collapses every range (one its creator collapsed already
+    /// is left as it is, at no cost), as [`Self::collapse_rest`] does, then sets the header's
+    /// count to the ranges now in huge pages (the creator may have died before it was done).
+    pub(crate) fn collapse_after_takeover(&self) {
+        let huge = self.collapse_ranges(0, false);
+        self.live().huge_ranges.store(huge, Ordering::Relaxed);
+    }
+
+    /// Collapses ranges `first..` as [`Self::collapse_rest`] describes; counts each in the
+    /// header as it goes if `count`. Returns how many it collapsed.
+    fn collapse_ranges(&self, first: usize, count: bool) -> u64 {
+        let mut collapsed = 0;
+        let mut done = |map: &Self| {
+            collapsed += 1;
+            if count {
+                map.live().huge_ranges.fetch_add(1, Ordering::Relaxed);
+            }
+        };
         let mut again = Vec::new();
         let mut short_in_a_row = 0;
         for range in first..self.len / HUGE {
             match self.collapse_range(range) {
                 Ok(()) => {
                     short_in_a_row = 0;
-                    self.live().huge_ranges.fetch_add(1, Ordering::Relaxed);
+                    done(self);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => again.push(range),
                 Err(e) if e.raw_os_error() == Some(libc::ENOMEM) => {
@@ -743,7 +763,7 @@ impl SharedMap {
                         self.collapses
                             .short_of_memory
                             .fetch_add(left + again.len(), Ordering::Relaxed);
-                        return;
+                        return collapsed;
                     }
                 }
                 Err(_) => {}
@@ -751,9 +771,7 @@ impl SharedMap {
         }
         for range in again {
             match self.collapse_range(range) {
-                Ok(()) => {
-                    self.live().huge_ranges.fetch_add(1, Ordering::Relaxed);
-                }
+                Ok(()) => done(self),
                 Err(_) => {
                     self.collapses
                         .short_of_memory
@@ -761,6 +779,7 @@ impl SharedMap {
                 }
             }
         }
+        collapsed
     }
 
     fn map(fd: OwnedFd, len: usize, fixed: Fixed) -> Result<Self, Error> {
@@ -1207,10 +1226,22 @@ mod tests {
             eprintln!("{short} ranges short of memory in the late collapse");
             return;
         }
+        // An owner that takes over collapses every range again: those already huge stay so,
+        // and the count is what it found, not what it was plus that.
+        map.collapse_after_takeover();
+        assert_eq!(map.live().huge_ranges.load(Ordering::Relaxed), whole);
         let (pmd, rss) = pmd_mapped(map.base.as_ptr() as usize);
         assert!(
             pmd >= (pages * PAGE_SIZE) as u64,
             "after the late collapse: {pmd} bytes PMD-mapped of {rss} resident"
+        );
+        // A creator that died before collapsing anything: the new owner does it all.
+        let map = make(false);
+        map.collapse_after_takeover();
+        let short = map.collapses().short_of_memory.load(Ordering::Relaxed) as u64;
+        assert_eq!(
+            map.live().huge_ranges.load(Ordering::Relaxed) + short,
+            whole
         );
     }
 

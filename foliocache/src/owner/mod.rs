@@ -348,6 +348,21 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         Some(fd) => {
             let map = Arc::new(SharedMap::attach(fd)?);
             let free = takeover::take_over(name, &map, policy.refcount)?;
+            // The creator may have died before its thread had collapsed every range.
+            let huge = settings[crate::shared::settings::HUGE_PAGES] != 0;
+            if huge && crate::mem::shared::late_collapse_safe() {
+                let rest = Arc::clone(&map);
+                let spawned = crate::mem::threads::spawn("foliocache-huge", move || {
+                    crate::mem::threads::idle_priority();
+                    rest.collapse_after_takeover();
+                });
+                if let Err(e) = spawned {
+                    log(
+                        name,
+                        &format!("no thread to collapse the rest into huge pages: {e}"),
+                    );
+                }
+            }
             // The dead owner's leases went with it: every file is served and watched until
             // this owner leases it (`leases.rs`).
             for rec in map.files() {
