@@ -713,7 +713,7 @@ impl SharedMap {
 
     /// Collapses the ranges [`Self::create`] had no time for, counting each in the header
     /// as it goes (so `fcache cache status` stays current). The owner runs it on a thread of
-    /// its own, at the idle priority, started as it builds its cache (so clients may be using
+    /// its own, started as it builds its cache (so clients may be using
     /// the pages meanwhile): the memory is reserved already (in small pages there), so this
     /// only changes the backing, and each collapse needs one free huge page more while it
     /// copies. A range that fails for want of memory once (`EAGAIN`) is tried again at the

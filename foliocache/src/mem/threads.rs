@@ -49,16 +49,6 @@ where
     spawned
 }
 
-/// Moves the calling thread to the idle scheduling class (`SCHED_IDLE`): it runs only on a CPU
-/// nothing else wants, for background work no one waits for. Best effort: a refusal leaves
-/// the thread as it was.
-pub(crate) fn idle_priority() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `param` is a valid sched_param of this frame; pid 0 is the calling thread, and
-    // lowering one's own policy needs no privilege.
-    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
-}
-
 #[cfg(test)]
 mod tests {
     use super::spawn;

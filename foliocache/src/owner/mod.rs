@@ -353,7 +353,6 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
             if huge && crate::mem::shared::late_collapse_safe() {
                 let rest = Arc::clone(&map);
                 let spawned = crate::mem::threads::spawn("foliocache-huge", move || {
-                    crate::mem::threads::idle_priority();
                     rest.collapse_after_takeover();
                 });
                 if let Err(e) = spawned {
@@ -418,7 +417,6 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
             } else if map.huge_pending() {
                 let rest = Arc::clone(&map);
                 let spawned = crate::mem::threads::spawn("foliocache-huge", move || {
-                    crate::mem::threads::idle_priority();
                     rest.collapse_rest();
                 });
                 if let Err(e) = spawned {
