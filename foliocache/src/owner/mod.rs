@@ -236,6 +236,26 @@ impl External for ClientPins {
     }
 }
 
+/// Runs `collapse` (the rest of the mapping into huge pages) on a thread of the owner
+/// (`foliocache-huge`), where the kernel can collapse pages other processes are using.
+fn collapse_in_background(name: &str, map: &Arc<SharedMap>, collapse: fn(&SharedMap)) {
+    if !crate::mem::shared::late_collapse_safe() {
+        log(
+            name,
+            "the rest stays in small pages: this kernel (before 6.4) cannot collapse pages \
+             other processes use",
+        );
+        return;
+    }
+    let map = Arc::clone(map);
+    if let Err(e) = crate::mem::threads::spawn("foliocache-huge", move || collapse(&map)) {
+        log(
+            name,
+            &format!("no thread to collapse the rest into huge pages: {e}"),
+        );
+    }
+}
+
 /// What the system does for huge pages in shared memory (`shmem_enabled`'s chosen value).
 pub(crate) fn shmem_huge_pages() -> String {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
@@ -349,18 +369,8 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
             let map = Arc::new(SharedMap::attach(fd)?);
             let free = takeover::take_over(name, &map, policy.refcount)?;
             // The creator may have died before its thread had collapsed every range.
-            let huge = settings[crate::shared::settings::HUGE_PAGES] != 0;
-            if huge && crate::mem::shared::late_collapse_safe() {
-                let rest = Arc::clone(&map);
-                let spawned = crate::mem::threads::spawn("foliocache-huge", move || {
-                    rest.collapse_after_takeover();
-                });
-                if let Err(e) = spawned {
-                    log(
-                        name,
-                        &format!("no thread to collapse the rest into huge pages: {e}"),
-                    );
-                }
+            if settings[crate::shared::settings::HUGE_PAGES] != 0 {
+                collapse_in_background(name, &map, SharedMap::collapse_after_takeover);
             }
             // The dead owner's leases went with it: every file is served and watched until
             // this owner leases it (`leases.rs`).
@@ -408,23 +418,8 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
                 );
             }
             let map = Arc::new(map);
-            if map.huge_pending() && !crate::mem::shared::late_collapse_safe() {
-                log(
-                    name,
-                    "the rest stays in small pages: this kernel (before 6.4) cannot collapse \
-                     pages other processes use",
-                );
-            } else if map.huge_pending() {
-                let rest = Arc::clone(&map);
-                let spawned = crate::mem::threads::spawn("foliocache-huge", move || {
-                    rest.collapse_rest();
-                });
-                if let Err(e) = spawned {
-                    log(
-                        name,
-                        &format!("no thread to collapse the rest into huge pages: {e}"),
-                    );
-                }
+            if map.huge_pending() {
+                collapse_in_background(name, &map, SharedMap::collapse_rest);
             }
             (map, None)
         }
