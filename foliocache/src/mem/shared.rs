@@ -355,7 +355,8 @@ pub(crate) struct Collapses {
     /// The kernel refused the first one outright (`EINVAL`: no `MADV_COLLAPSE` before Linux
     /// 6.1, or huge pages off for shared memory): it gives this mapping no huge pages.
     pub(crate) refused: std::sync::atomic::AtomicBool,
-    /// Ranges left in small pages for want of memory (`ENOMEM`, or `EAGAIN` twice).
+    /// Ranges left in small pages for want of memory: `ENOMEM`, or `EAGAIN` (at creation at
+    /// once; in the late collapse, after a second try).
     pub(crate) short_of_memory: AtomicUsize,
 }
 
