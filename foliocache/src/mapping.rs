@@ -123,6 +123,10 @@ pub(crate) const HIT_TRIES: usize = 3;
 /// it covers byte `unmarked` (a read that continues in the folio the previous one ended in,
 /// which the kernel does not count again).
 ///
+/// Before copying to a folio's end it prefetches the next folio when the read goes on into
+/// it, or, with `ahead` (a sequential reader), when the next read will: 4 KiB folios are
+/// seldom adjacent in the arena, and a copy that starts on a cold page waits for it.
+///
 /// The hit path of a file from storage: a private cache's read (`read::read_disk_with`) and a
 /// shared cache's client. `pin` must keep `index`'s nodes and `view`'s folios from reuse, and
 /// be taken before the call (see [`crate::mem::optimistic`]).
@@ -133,6 +137,7 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
     pos: u64,
     dst: &mut [u8],
     unmarked: Option<u64>,
+    ahead: bool,
 ) -> (usize, u64, u64) {
     let mut cursor = index.cursor_under(pin);
     let mut done = 0usize;
@@ -154,6 +159,23 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
         let n = (len as usize).saturating_sub(offset).min(dst.len() - done);
         if n == 0 {
             break;
+        }
+        if offset + n == len as usize && (done + n < dst.len() || ahead) {
+            // The copy runs to this folio's end and the read (or, for a sequential reader,
+            // the next one) goes on into the next folio: start bringing that one in now.
+            if let Some(Entry::Folio {
+                id: next,
+                zeros: false,
+                ..
+            }) = cursor.peek_next()
+            {
+                let want = if done + n < dst.len() {
+                    dst.len() - done - n
+                } else {
+                    dst.len()
+                };
+                view.prefetch(next, want);
+            }
         }
         let mut copied = false;
         for _ in 0..HIT_TRIES {
@@ -538,11 +560,18 @@ impl Mapping {
 
     /// [`copy_hits`] on this mapping, under a read guard of its cache's memory: what a read of
     /// a file from storage copies before it needs a reference.
-    pub(crate) fn copy_hits(&self, pos: u64, dst: &mut [u8], unmarked: Option<u64>) -> usize {
+    pub(crate) fn copy_hits(
+        &self,
+        pos: u64,
+        dst: &mut [u8],
+        unmarked: Option<u64>,
+        ahead: bool,
+    ) -> usize {
         let mem = self.mem();
         let view = mem.view();
         let grace = mem.read_guard();
-        let (done, folios, walks) = copy_hits(&self.index, &view, &grace, pos, dst, unmarked);
+        let (done, folios, walks) =
+            copy_hits(&self.index, &view, &grace, pos, dst, unmarked, ahead);
         let shard = grace.thread_slot();
         drop(grace);
         self.counters.lookups.add_in(shard, 1);

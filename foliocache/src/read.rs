@@ -393,7 +393,11 @@ pub(crate) fn read_disk_with(
         }
         let len = (size - pos).min(buf.len() as u64) as usize;
         let unmarked = u64::try_from(ra.prev_pos - 1).ok();
-        done = file.mapping.copy_hits(pos, &mut buf[..len], unmarked);
+        // A reader that goes on where its last read ended will likely go on again.
+        let sequential = ra.prev_pos == pos as i64;
+        done = file
+            .mapping
+            .copy_hits(pos, &mut buf[..len], unmarked, sequential);
         if done > 0 {
             ra.prev_pos = (pos + done as u64) as i64;
         }

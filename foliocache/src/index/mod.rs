@@ -606,6 +606,26 @@ impl Cursor<'_> {
         self.load_near(index)
     }
 
+    /// The entry right after the last one loaded, when both lie in the same leaf: one slot
+    /// load, no walk, and the cursor stays where it is. `None` when the next index lies in
+    /// another node, or the last load did not end in a leaf (entries of order 6 and more).
+    /// A hint, for a prefetch: the slot may change right after, so nothing may be concluded
+    /// from it without a proper load.
+    pub(crate) fn peek_next(&self) -> Option<Entry> {
+        let index = self.next?;
+        if self.node.is_null() || self.shift != 0 || !same_span(0, self.at, index) {
+            return None;
+        }
+        // SAFETY: reached during this cursor's pin (see `reload`).
+        let node = unsafe { &*self.node };
+        let word = node.slots[offset_at(0, index)].load(Ordering::Relaxed);
+        // A node word in a leaf is corruption (a shared mapping's), read as a hole.
+        if is_node(word) {
+            return None;
+        }
+        Entry::decode(word)
+    }
+
     /// Moves to the first entry after the last one loaded, at most up to index `last`, that
     /// `wanted` accepts, and returns its first index; `None` when there is none up to `last`
     /// (the cursor is then left on no node). Like repeated [`Cursor::load_next`], but the rest
@@ -1840,6 +1860,12 @@ mod tests {
         );
         assert_eq!(index.load(0), Some(value(1)));
         let mut cursor = index.cursor();
+        assert_eq!(cursor.load(4), None);
+        assert_eq!(
+            cursor.peek_next(),
+            None,
+            "a node word in a leaf is no entry"
+        );
         assert_eq!(cursor.load(5), None);
         assert_eq!(cursor.load_next(), None);
         drop(cursor);
@@ -1847,5 +1873,33 @@ mod tests {
         slot.store(0, Ordering::Release);
         drop(pin);
         assert_eq!(index.load(1 << 12), Some(value(2)));
+    }
+
+    /// `peek_next` reads the slot right after the last load when it lies in the same leaf,
+    /// and leaves the cursor where it was.
+    #[test]
+    fn peek_next_reads_the_next_slot_of_the_same_leaf_only() {
+        let index = Index::new();
+        let value = |value, order| Entry::Value { value, order };
+        {
+            let mut writer = index.lock();
+            writer.insert(4, value(1, 2)).unwrap();
+            writer.insert(8, value(2, 0)).unwrap();
+            writer.insert(63, value(3, 0)).unwrap();
+            writer.insert(64, value(4, 0)).unwrap();
+        }
+        let mut cursor = index.cursor();
+        assert_eq!(cursor.load(5), Some(value(1, 2)));
+        assert_eq!(
+            cursor.peek_next(),
+            Some(value(2, 0)),
+            "the entry after one covering 4..=7"
+        );
+        assert_eq!(cursor.reload(), Some(value(1, 2)), "the cursor stays");
+        assert_eq!(cursor.load_next(), Some(value(2, 0)));
+        assert_eq!(cursor.peek_next(), None, "index 9 is a hole");
+        assert_eq!(cursor.load(63), Some(value(3, 0)));
+        assert_eq!(cursor.peek_next(), None, "index 64 lies in the next leaf");
+        assert_eq!(cursor.load_next(), Some(value(4, 0)));
     }
 }

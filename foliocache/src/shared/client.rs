@@ -1005,8 +1005,9 @@ impl ClientFile {
     }
 
     /// Copies what the cache holds of `pos..pos + dst.len()` into `dst`, from `pos` on, until
-    /// the first page it cannot serve alone.
-    fn copy_hits(&self, pos: u64, dst: &mut [u8]) -> Result<Hit, Error> {
+    /// the first page it cannot serve alone; `ahead` for a sequential reader (see
+    /// [`crate::mapping::copy_hits`]).
+    fn copy_hits(&self, pos: u64, dst: &mut [u8], ahead: bool) -> Result<Hit, Error> {
         let attachment = &self.attachment;
         let slot = attachment.slot()?;
         let t = &attachment.map.threads()[slot as usize];
@@ -1015,7 +1016,7 @@ impl ClientFile {
         let view = attachment.folio_view();
         // Taken before the lookup: nothing found from here on is reused until it is dropped.
         let pin = ExternalGuard::new(&t.pin, &attachment.map.live().epoch);
-        let (done, _, _) = crate::mapping::copy_hits(index, &view, &pin, pos, dst, None);
+        let (done, _, _) = crate::mapping::copy_hits(index, &view, &pin, pos, dst, None, ahead);
         drop(pin);
         Ok(if done == 0 {
             Hit::Miss
@@ -1075,10 +1076,11 @@ impl ClientFile {
             return Ok(0);
         }
         let len = (size - pos).min(buf.len() as u64) as usize;
+        let sequential = ra.prev_pos == pos as i64;
         let mut done = 0;
         while done < len {
             let at_byte = pos + done as u64;
-            match self.copy_hits(at_byte, &mut buf[done..len])? {
+            match self.copy_hits(at_byte, &mut buf[done..len], sequential)? {
                 Hit::Copied(n) => {
                     done += n;
                     continue;
