@@ -35,7 +35,7 @@ use std::ptr::NonNull;
 /// The most bytes [`FolioView::prefetch`] asks for: one page. A copy out of 4 KiB folios that
 /// are not adjacent in the arena starts cold at each folio (the CPU's own prefetchers stop at
 /// page boundaries); the next folio's page asked for while this one is copied is on its way
-/// when its copy starts. Beyond a page the CPU's prefetchers keep up by themselves.
+/// when its copy starts. Two pages cost more than they saved (`docs/BENCHMARKS.md`).
 pub(crate) const PREFETCH_MAX: usize = PAGE_SIZE;
 
 /// An optimistic read in progress (see the module documentation).
@@ -155,7 +155,9 @@ impl<'a> FolioView<'a> {
     }
 
     /// Starts bringing the first `len` bytes of the block at `pfn` (at most [`PREFETCH_MAX`])
-    /// into the CPU's caches, so that a copy about to follow finds them on their way. A hint:
+    /// into the CPU's second-level cache, so that a copy about to follow finds them on their
+    /// way. Into L2, not L1: a page of prefetches into L1 held the fill buffers the copy
+    /// itself needed (a third of the readers' samples sat on them). A hint:
     /// nothing is read, so any block of the arena will do, whoever holds it; a range outside
     /// the arena is ignored.
     #[inline]
@@ -171,7 +173,7 @@ impl<'a> FolioView<'a> {
             // SAFETY: a prefetch reads nothing the program sees and cannot fault; `at` lies
             // inside the arena's mapping (checked above) in any case.
             unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast());
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.cast());
             }
         }
     }
