@@ -1,7 +1,8 @@
 //! Cold sequential reads for profiling (readseq's `foliocache/large-folios` or `batched` and
 //! `kernel` systems, without the benchmark around them):
-//! `cargo run --release --example seq_cold -- <cache|kernel> <dir> <passes> [max order]`.
-//! Two threads each read their own 256 MiB file in `dir` (made on first use) in 8 KiB records,
+//! `cargo run --release --example seq_cold -- <cache|kernel> <dir> <passes> [max order]
+//! [record bytes]`. Two threads each read their own 256 MiB file in `dir` (made on first use)
+//! in 8 KiB records (or the size given),
 //! from a cold cache every pass (foliocache's emptied, the kernel's dropped with
 //! `POSIX_FADV_DONTNEED` and guest memory warmed for it, as readseq does); prints the process's
 //! CPU seconds per GiB read over the passes.
@@ -13,6 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 const FILE: u64 = 256 << 20;
+/// The record size when none is given.
 const RECORD: usize = 8192;
 
 fn cpu_seconds() -> f64 {
@@ -45,7 +47,7 @@ fn warm_guest_memory(bytes: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: seq_cold <cache|kernel> <dir> <passes> [max order 0..=9]";
+    let usage = "usage: seq_cold <cache|kernel> <dir> <passes> [max order 0..=9] [record bytes]";
     let (Some(mode), Some(dir), Some(Ok(passes))) = (
         args.get(1).cloned(),
         args.get(2).map(PathBuf::from),
@@ -63,6 +65,14 @@ fn main() {
         Some(Ok(order)) => order,
         Some(Err(_)) => {
             eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
+    let record: usize = match args.get(5).map(|r| r.parse::<usize>()) {
+        None => RECORD,
+        Some(Ok(record)) if record > 0 && FILE.is_multiple_of(record as u64) => record,
+        Some(_) => {
+            eprintln!("{usage} (the record size must divide 256 MiB)");
             std::process::exit(2);
         }
     };
@@ -116,7 +126,7 @@ fn main() {
             for (file, plain) in files.iter().zip(&plain) {
                 let through_cache = mode == "cache";
                 s.spawn(move || {
-                    let mut buf = vec![0u8; RECORD];
+                    let mut buf = vec![0u8; record];
                     let mut handle = file.handle();
                     let mut at = 0;
                     while at < FILE {
@@ -125,8 +135,8 @@ fn main() {
                         } else {
                             plain.read_at(&mut buf, at).expect("pread")
                         };
-                        assert_eq!(n, RECORD, "short read at {at}");
-                        at += RECORD as u64;
+                        assert_eq!(n, record, "short read at {at}");
+                        at += record as u64;
                     }
                 });
             }

@@ -416,11 +416,19 @@ pub(crate) fn read_disk_waiting(
     pos: u64,
     wait: Wait,
 ) -> Result<usize, Error> {
-    walk_disk(file, ra, pos, buf.len(), wait, |folio, from, n, done| {
-        if let Some(bytes) = folio.bytes() {
-            buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
-        }
-    })
+    walk_disk(
+        file,
+        ra,
+        pos,
+        buf.len(),
+        wait,
+        true,
+        |folio, from, n, done| {
+            if let Some(bytes) = folio.bytes() {
+                buf[done..done + n].copy_from_slice(&bytes[from..from + n]);
+            }
+        },
+    )
 }
 
 /// The zero-copy read of a file backed by storage: like [`read_disk`], but the run borrows the
@@ -432,10 +440,18 @@ pub(crate) fn read_folios_disk<'f>(
     len: usize,
 ) -> Result<ReadRun<'f>, Error> {
     let mut run = ReadRun::default();
-    walk_disk(file, ra, pos, len, Wait::Block, |folio, start, len, _| {
-        run.len += len;
-        run.slices.push(Slice::Folio { folio, start, len });
-    })?;
+    walk_disk(
+        file,
+        ra,
+        pos,
+        len,
+        Wait::Block,
+        false,
+        |folio, start, len, _| {
+            run.len += len;
+            run.slices.push(Slice::Folio { folio, start, len });
+        },
+    )?;
     Ok(run)
 }
 
@@ -445,13 +461,14 @@ pub(crate) fn read_folios_disk<'f>(
 /// it. A failure to read is an error even after some bytes were walked: [`Error::Io`] then
 /// says in `offset` where the walk stopped (the first byte not walked), so a caller can tell
 /// how much it got, and a short count always means end of file. Updates the reader's position
-/// for readahead.
+/// for readahead. `copying` when `take` copies the bytes out: each next folio is prefetched.
 fn walk_disk<'f>(
     file: &'f Arc<Inode>,
     ra: &mut RaState,
     pos: u64,
     len: usize,
     wait: Wait,
+    copying: bool,
     mut take: impl FnMut(FolioRef<'f>, usize, usize, usize),
 ) -> Result<usize, Error> {
     let size = file.mapping.size();
@@ -479,12 +496,18 @@ fn walk_disk<'f>(
                 other => other,
             });
         }
-        for folio in batch.drain() {
+        let mut folios = batch.drain().peekable();
+        while let Some(folio) = folios.next() {
             let first = folio.index() << PAGE_SHIFT;
             if first > at || at >= end || !folio.is_uptodate() {
                 break;
             }
             let n = ((first + folio.len() as u64).min(end) - at) as usize;
+            if copying && let Some(next) = folios.peek() {
+                // As `copy_hits`: the next folio's first page on its way while this one is
+                // copied.
+                next.prefetch(0, (end - at) as usize - n);
+            }
             let continued = at == pos
                 && last_byte.is_some_and(|b| b >= first && b < first + folio.len() as u64);
             if !continued {

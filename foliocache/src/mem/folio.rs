@@ -253,6 +253,13 @@ impl<'m> FolioRef<'m> {
         self.mem.page_ptr(self.pfn)
     }
 
+    /// Asks the CPU to start bringing `len` bytes of the folio from byte `from` (at most a
+    /// page) into its cache, for a copy that follows soon ([`super::optimistic::prefetch`]).
+    pub(crate) fn prefetch(&self, from: usize, len: usize) {
+        let len = len.min(self.len().saturating_sub(from));
+        super::optimistic::prefetch(self.as_ptr().wrapping_add(from), len);
+    }
+
     /// The folio's bytes, if it is uptodate.
     ///
     /// Folios are immutable once uptodate: their bytes are written only while the folio is

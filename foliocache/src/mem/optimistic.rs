@@ -32,6 +32,26 @@ use super::{Memory, PAGE_SIZE};
 use crate::sync::{Ordering, fence};
 use std::ptr::NonNull;
 
+/// Asks the CPU to bring `len` bytes from `at` (at most [`PREFETCH_MAX`]) into its
+/// second-level cache. Into L2, not L1: a page of prefetches into L1 held the fill buffers the
+/// copy itself needed (a third of the readers' samples sat on them). The caller keeps `at..at
+/// + len` inside the arena, though a prefetch reads nothing the program sees and cannot fault.
+#[inline]
+pub(crate) fn prefetch(at: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..len.min(PREFETCH_MAX)).step_by(64) {
+        // SAFETY: a prefetch is a hint: it reads nothing the program sees, and an address it
+        // cannot translate is dropped, not faulted on.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                at.wrapping_add(line).cast(),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, len);
+}
+
 /// The most bytes [`FolioView::prefetch`] asks for: one page. A copy out of 4 KiB folios that
 /// are not adjacent in the arena starts cold at each folio (the CPU's own prefetchers stop at
 /// page boundaries); the next folio's page asked for while this one is copied is on its way
@@ -155,9 +175,8 @@ impl<'a> FolioView<'a> {
     }
 
     /// Starts bringing the first `len` bytes of the block at `pfn` (at most [`PREFETCH_MAX`])
-    /// into the CPU's second-level cache, so that a copy about to follow finds them on their
-    /// way. Into L2, not L1: a page of prefetches into L1 held the fill buffers the copy
-    /// itself needed (a third of the readers' samples sat on them). A hint:
+    /// into the CPU's cache ([`prefetch`]), so that a copy about to follow finds them on their
+    /// way. A hint:
     /// nothing is read, so any block of the arena will do, whoever holds it; a range outside
     /// the arena is ignored.
     #[inline]
@@ -167,15 +186,7 @@ impl<'a> FolioView<'a> {
         if start + len > self.pages * PAGE_SIZE {
             return;
         }
-        #[cfg(target_arch = "x86_64")]
-        for line in (0..len).step_by(64) {
-            let at = self.base.as_ptr().wrapping_add(start + line);
-            // SAFETY: a prefetch reads nothing the program sees and cannot fault; `at` lies
-            // inside the arena's mapping (checked above) in any case.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(at.cast());
-            }
-        }
+        prefetch(self.base.as_ptr().wrapping_add(start), len);
     }
 
     /// Whether the bytes copied since `peek_begin` belong to the life found then: no new life
