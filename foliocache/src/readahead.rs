@@ -849,18 +849,52 @@ impl<'f> Submission<'f> {
     /// `skip_present` (a page fill), stopping there otherwise (a large-folio window). Returns
     /// how many slots were dealt with (inserted or skipped) before a stop.
     fn insert_slots(&mut self, slots: &[Slot], skip_present: bool) -> usize {
+        // Pages already cached at the start are passed over before anything is allocated for
+        // them (the kernel's `page_cache_ra_unbounded` looks each index up first): a
+        // `readahead(2)` over a range the program just read costs one lookup, not a folio, a
+        // lock and a free per page.
+        let lead = if skip_present {
+            self.present_run(slots)
+        } else {
+            0
+        };
+        if lead > 0 {
+            self.end_run();
+            self.count_skips(lead);
+        }
+        let slots = &slots[lead..];
         if slots.is_empty() {
-            return 0;
+            return lead;
         }
         self.inserted.reserve(slots.len());
         let policy = self.file.policy.insert;
         if policy == InsertPolicy::Batched {
             match self.preallocate(slots) {
-                Some(folios) => return self.insert_batched(slots, folios, skip_present),
+                Some(folios) => return lead + self.insert_batched(slots, folios, skip_present),
                 None => self.disk.ra.batch_alloc_fallbacks.inc(),
             }
         }
-        self.insert_single(slots, skip_present)
+        lead + self.insert_single(slots, skip_present)
+    }
+
+    /// How many of `slots` from the first are cached already, found without the lock (a hint:
+    /// a page cached after the look is found again by the insertion). `slots` is a layout of
+    /// consecutive pages, as [`pages_layout`] makes for every caller that skips present pages.
+    fn present_run(&self, slots: &[Slot]) -> usize {
+        let Some(first) = slots.first() else {
+            return 0;
+        };
+        debug_assert!(
+            slots
+                .iter()
+                .enumerate()
+                .all(|(k, slot)| slot.order == 0 && slot.index == first.index + k as u64),
+            "a layout that skips present pages is consecutive pages"
+        );
+        let miss = self.file.mapping.next_miss(first.index, slots.len() as u64);
+        // `next_miss` returns 0 when the scan ran past the largest index: all of them cached.
+        let cached = miss.checked_sub(first.index).unwrap_or(slots.len() as u64);
+        cached.min(slots.len() as u64) as usize
     }
 
     /// Allocates a folio for every slot, or none at all (memory under pressure).
@@ -914,13 +948,13 @@ impl<'f> Submission<'f> {
             match stopped {
                 None => {}
                 Some(RangeStop::Present(_)) if skip_present && k < slots.len() => {
-                    // Submit what went in, skip the present page (its folio is freed), go on.
+                    // Submit what went in, skip the cached pages (their folios are freed),
+                    // go on after them.
                     self.end_run();
-                    self.count_skip();
-                    if !folios.is_empty() {
-                        folios.remove(0);
-                    }
-                    k += 1;
+                    let cached = self.present_run(&slots[k..]).max(1);
+                    self.count_skips(cached);
+                    folios.drain(..cached.min(folios.len()));
+                    k += cached;
                 }
                 Some(_) => break,
             }
@@ -964,6 +998,10 @@ impl<'f> Submission<'f> {
 
     fn count_skip(&self) {
         self.disk.ra.present_skips.inc();
+    }
+
+    fn count_skips(&self, pages: usize) {
+        self.disk.ra.present_skips.add(pages as u64);
     }
 
     /// Adds an inserted (locked) folio to the current run.

@@ -206,6 +206,51 @@ fn a_present_folio_splits_the_run_and_is_skipped() {
     }
 }
 
+/// Cached pages are passed over a run at a time, before anything is allocated for them: a
+/// `readahead(2)` over what the program just read takes no lock, and one across runs of cached
+/// pages takes one lock per run it reads (batched insertion; one per folio otherwise).
+#[test]
+fn cached_runs_are_skipped_whole() {
+    for (insert, locks_for_the_gaps) in [(InsertPolicy::Batched, 3), (InsertPolicy::Single, 20)] {
+        let cache = cache_with(
+            Policy {
+                insert,
+                ..Policy::default()
+            },
+            16 << 20,
+        );
+        let (file, backend) = open(&cache, 64, 0);
+        let mut handle = file.handle();
+        handle.readahead(8 * PAGE, 8 * PAGE).unwrap();
+        handle.readahead(24 * PAGE, 4 * PAGE).unwrap();
+        let locks = file.mapping_stats().lock_acquisitions;
+        handle.readahead(8 * PAGE, 8 * PAGE).unwrap();
+        assert_eq!(
+            file.mapping_stats().lock_acquisitions,
+            locks,
+            "{insert:?}: a cached range takes no lock"
+        );
+        assert_eq!(file.readahead_stats().present_skips, 8, "{insert:?}");
+        handle.readahead(0, 32 * PAGE).unwrap();
+        assert_eq!(file.mapping_stats().cached_pages, 32);
+        assert_eq!(
+            file.mapping_stats().lock_acquisitions - locks,
+            locks_for_the_gaps,
+            "{insert:?}: the gaps [0, 8), [16, 24) and [28, 32)"
+        );
+        assert_eq!(
+            file.readahead_stats().present_skips,
+            8 + 8 + 4,
+            "{insert:?}"
+        );
+        assert_eq!(
+            backend.requests()[2..],
+            [(0, 8 * 4096), (16 * PAGE, 8 * 4096), (28 * PAGE, 4 * 4096)],
+            "{insert:?}"
+        );
+    }
+}
+
 #[test]
 fn random_reads_start_no_windows() {
     let cache = cache_with(Policy::default(), 16 << 20);
