@@ -19,6 +19,32 @@ use super::refcount::{RefCount, RefcountPolicy};
 use super::{Memory, PAGE_SIZE, wait};
 use crate::sync::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 
+/// The most bytes [`prefetch`] asks for: one page. A copy out of 4 KiB folios that
+/// are not adjacent in the arena starts cold at each folio (the CPU's own prefetchers stop at
+/// page boundaries); the next folio's page asked for while this one is copied is on its way
+/// when its copy starts. Two pages cost more than they saved (`docs/BENCHMARKS.md`).
+pub(crate) const PREFETCH_MAX: usize = PAGE_SIZE;
+
+/// Asks the CPU to bring `len` bytes from `at` (at most [`PREFETCH_MAX`]) into its
+/// second-level cache. Into L2, not L1: a page of prefetches into L1 held the fill buffers the
+/// copy itself needed (a third of the readers' samples sat on them). The caller keeps `at..at
+/// + len` inside the arena, though a prefetch reads nothing the program sees and cannot fault.
+#[inline]
+pub(crate) fn prefetch(at: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..len.min(PREFETCH_MAX)).step_by(64) {
+        // SAFETY: a prefetch is a hint: it reads nothing the program sees, and an address it
+        // cannot translate is dropped, not faulted on.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                at.wrapping_add(line).cast(),
+            );
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (at, len);
+}
+
 /// Folio flag bits (the subset of the kernel's page flags the read path uses).
 pub mod flag {
     /// Held for the whole duration of a fill (I/O or zeroing), and by anyone changing the
@@ -254,10 +280,10 @@ impl<'m> FolioRef<'m> {
     }
 
     /// Asks the CPU to start bringing `len` bytes of the folio from byte `from` (at most a
-    /// page) into its cache, for a copy that follows soon ([`super::optimistic::prefetch`]).
+    /// page) into its cache, for a copy that follows soon ([`prefetch`]).
     pub(crate) fn prefetch(&self, from: usize, len: usize) {
         let len = len.min(self.len().saturating_sub(from));
-        super::optimistic::prefetch(self.as_ptr().wrapping_add(from), len);
+        prefetch(self.as_ptr().wrapping_add(from), len);
     }
 
     /// The folio's bytes, if it is uptodate.

@@ -26,37 +26,11 @@
 //! published folio without a grace period. The loom models in `tests/loom_optimistic.rs` check
 //! the whole protocol, and fail when grace periods are taken away.
 
-use super::folio::FolioDesc;
+use super::folio::{FolioDesc, PREFETCH_MAX, prefetch};
 use super::refcount::RefcountPolicy;
 use super::{Memory, PAGE_SIZE};
 use crate::sync::{Ordering, fence};
 use std::ptr::NonNull;
-
-/// Asks the CPU to bring `len` bytes from `at` (at most [`PREFETCH_MAX`]) into its
-/// second-level cache. Into L2, not L1: a page of prefetches into L1 held the fill buffers the
-/// copy itself needed (a third of the readers' samples sat on them). The caller keeps `at..at
-/// + len` inside the arena, though a prefetch reads nothing the program sees and cannot fault.
-#[inline]
-pub(crate) fn prefetch(at: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    for line in (0..len.min(PREFETCH_MAX)).step_by(64) {
-        // SAFETY: a prefetch is a hint: it reads nothing the program sees, and an address it
-        // cannot translate is dropped, not faulted on.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                at.wrapping_add(line).cast(),
-            );
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (at, len);
-}
-
-/// The most bytes [`FolioView::prefetch`] asks for: one page. A copy out of 4 KiB folios that
-/// are not adjacent in the arena starts cold at each folio (the CPU's own prefetchers stop at
-/// page boundaries); the next folio's page asked for while this one is copied is on its way
-/// when its copy starts. Two pages cost more than they saved (`docs/BENCHMARKS.md`).
-pub(crate) const PREFETCH_MAX: usize = PAGE_SIZE;
 
 /// An optimistic read in progress (see the module documentation).
 #[derive(Debug, Clone, Copy)]
