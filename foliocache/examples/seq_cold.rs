@@ -1,11 +1,13 @@
 //! Cold sequential reads for profiling (readseq's `foliocache/large-folios` or `batched` and
 //! `kernel` systems, without the benchmark around them):
 //! `cargo run --release --example seq_cold -- <cache|kernel> <dir> <passes> [max order]
-//! [record bytes]`. Two threads each read their own 256 MiB file in `dir` (made on first use)
+//! [record bytes] [readahead KiB]`. Two threads each read their own 256 MiB file in `dir` (made on first use)
 //! in 8 KiB records (or the size given),
 //! from a cold cache every pass (foliocache's emptied, the kernel's dropped with
 //! `POSIX_FADV_DONTNEED` and guest memory warmed for it, as readseq does); prints the process's
-//! CPU seconds per GiB read over the passes.
+//! CPU seconds per GiB read over the passes, and per pass its rate and how busy the device was
+//! (`io_ticks` and `time_in_queue` of the disk's `stat` in sysfs: the share of the pass with a
+//! request in flight, and the mean number in flight).
 //! Under `perf record -e cpu-clock`, the main thread is the setup (the arena's prefault) and the
 //! emptying between passes (whose deferred frees it also runs before each pass, as readseq
 //! does): leave it out (`perf report --tid`) to see the passes alone.
@@ -16,6 +18,22 @@ use std::path::PathBuf;
 const FILE: u64 = 256 << 20;
 /// The record size when none is given.
 const RECORD: usize = 8192;
+
+/// The disk's `stat` fields 10 and 11 (`io_ticks`, `time_in_queue`, in ms) for the device
+/// holding `path`, when sysfs tells.
+fn disk_ticks(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let stat = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/stat"))
+        .or_else(|_| std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/../stat")))
+        .ok()?;
+    let fields: Vec<u64> = stat
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    Some((*fields.get(9)?, *fields.get(10)?))
+}
 
 fn cpu_seconds() -> f64 {
     let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
@@ -47,7 +65,8 @@ fn warm_guest_memory(bytes: usize) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: seq_cold <cache|kernel> <dir> <passes> [max order 0..=9] [record bytes]";
+    let usage = "usage: seq_cold <cache|kernel> <dir> <passes> [max order 0..=9] [record bytes] \
+                 [readahead KiB]";
     let (Some(mode), Some(dir), Some(Ok(passes))) = (
         args.get(1).cloned(),
         args.get(2).map(PathBuf::from),
@@ -76,6 +95,14 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let readahead_kb: u64 = match args.get(6).map(|r| r.parse::<u64>()) {
+        None => 2048,
+        Some(Ok(kb)) if kb > 0 => kb,
+        Some(_) => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    };
     let paths: Vec<PathBuf> = (0..2).map(|t| dir.join(format!("seq-cold-{t}"))).collect();
     for path in &paths {
         if std::fs::metadata(path).map(|m| m.len()).unwrap_or(0) != FILE {
@@ -90,7 +117,7 @@ fn main() {
     let cache = foliocache::Cache::builder()
         .capacity(2 * FILE + (64 << 20))
         .prefault(true)
-        .readahead_bytes(2 << 20)
+        .readahead_bytes(readahead_kb << 10)
         .build()
         .expect("cache");
     let files: Vec<foliocache::File> = paths
@@ -122,6 +149,8 @@ fn main() {
         // As readseq does: the frees the drop deferred run now, not in the next pass.
         foliocache::raw::drain_cpu_caches(&cache);
         let before = cpu_seconds();
+        let ticks_before = disk_ticks(&paths[0]);
+        let started = std::time::Instant::now();
         std::thread::scope(|s| {
             for (file, plain) in files.iter().zip(&plain) {
                 let through_cache = mode == "cache";
@@ -142,6 +171,16 @@ fn main() {
             }
         });
         cpu += cpu_seconds() - before;
+        let wall = started.elapsed().as_secs_f64();
+        let rate = 2.0 * FILE as f64 / wall / f64::from(1u32 << 20);
+        match (ticks_before, disk_ticks(&paths[0])) {
+            (Some((busy0, queue0)), Some((busy1, queue1))) => println!(
+                "pass: {rate:.0} MiB/s, device busy {:.0}%, {:.1} requests in flight on average",
+                (busy1 - busy0) as f64 / 10.0 / wall,
+                (queue1 - queue0) as f64 / 1000.0 / wall
+            ),
+            _ => println!("pass: {rate:.0} MiB/s"),
+        }
     }
     let gib = passes as f64 * 2.0 * FILE as f64 / f64::from(1u32 << 30);
     println!("{mode}: {:.3} CPU s per GiB", cpu / gib);
