@@ -1119,7 +1119,13 @@ impl Handle {
         if inner.disk().is_some() {
             return read::read_disk_with(inner, &self.policy, &mut self.ra, buf, pos);
         }
-        let n = read::read_at(inner, &self.policy, buf, pos)?;
+        let n = read::read_at(
+            inner,
+            &self.policy,
+            buf,
+            pos,
+            self.ra.prev_pos == pos as i64,
+        )?;
         if n > 0 {
             self.ra.prev_pos = (pos + n as u64) as i64;
         }

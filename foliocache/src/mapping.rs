@@ -125,7 +125,8 @@ pub(crate) const HIT_TRIES: usize = 3;
 ///
 /// Before copying to a folio's end it prefetches the next folio when the read goes on into
 /// it, or, with `ahead` (a sequential reader), when the next read will: 4 KiB folios are
-/// seldom adjacent in the arena, and a copy that starts on a cold page waits for it.
+/// seldom adjacent in the arena, and a copy that starts on a cold page waits for it. A
+/// sequential reader's read that ends inside its folio prefetches what follows it there.
 ///
 /// The hit path of a file from storage: a private cache's read (`read::read_disk_with`) and a
 /// shared cache's client. `pin` must keep `index`'s nodes and `view`'s folios from reuse, and
@@ -174,8 +175,13 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
                 } else {
                     dst.len()
                 };
-                view.prefetch(next, want);
+                view.prefetch(next, 0, want);
             }
+        } else if ahead && done + n == dst.len() && offset + n < len as usize {
+            // A sequential reader's read ends inside this folio: the next read starts right
+            // after it, on a page the CPU's prefetchers will not have fetched (they stop at
+            // page boundaries).
+            view.prefetch(id, offset + n, dst.len().min(len as usize - offset - n));
         }
         let mut copied = false;
         for _ in 0..HIT_TRIES {
@@ -485,6 +491,19 @@ impl Mapping {
     /// Returns the folio covering page `index`, referenced, or `None` if none is cached there.
     /// Never returns a folio that was removed or reused concurrently (see the module docs).
     pub fn lookup(&self, index: u64) -> Option<FolioRef<'_>> {
+        self.lookup_peeking::<false>(index).0
+    }
+
+    /// [`Mapping::lookup`], and with `PEEK` the arena block of the folio right after the one
+    /// found when the index's leaf tells it at no extra walk ([`Cursor::peek_next`]): a hint
+    /// for a prefetch, from which nothing else may be concluded.
+    ///
+    /// [`Cursor::peek_next`]: crate::index::Cursor::peek_next
+    #[inline]
+    pub(crate) fn lookup_peeking<const PEEK: bool>(
+        &self,
+        index: u64,
+    ) -> (Option<FolioRef<'_>>, Option<u32>) {
         self.counters.lookups.inc();
         let mut cursor = self.index.cursor();
         let found = loop {
@@ -501,8 +520,24 @@ impl Mapping {
             }
             drop(folio);
         };
+        let next = match (PEEK && found.is_some())
+            .then(|| cursor.peek_next())
+            .flatten()
+        {
+            Some(Entry::Folio {
+                id, zeros: false, ..
+            }) => Some(id),
+            _ => None,
+        };
         self.counters.index_walks.add(cursor.walks());
-        found
+        (found, next)
+    }
+
+    /// Starts bringing `len` bytes (at most a page) of the arena block `pfn` into the CPU's
+    /// cache, for a copy that follows soon: a hint from [`Mapping::lookup_peeking`]; a block
+    /// outside the arena is ignored.
+    pub(crate) fn prefetch_block(&self, pfn: u32, len: usize) {
+        self.mem().view().prefetch(pfn, 0, len);
     }
 
     /// Copies `dst.len()` bytes at byte `pos` (all within one page, at most

@@ -44,13 +44,16 @@ pub const MAX_READ_RUN: usize = 1 << 30;
 /// It sits in `.bss`, so reading it costs no memory (the kernel maps its zero page).
 static ZEROS: [u8; 2 << 20] = [0; 2 << 20];
 
-/// Reads `buf.len()` bytes at `pos` (fewer at end of file).
+/// Reads `buf.len()` bytes at `pos` (fewer at end of file). `ahead`: the reader is
+/// sequential (this read starts where its last one ended), so its next read will likely start
+/// where this one ends.
 #[inline]
 pub(crate) fn read_at(
     file: &Inode,
     policy: &Policy,
     buf: &mut [u8],
     pos: u64,
+    ahead: bool,
 ) -> Result<usize, Error> {
     let mapping = &file.mapping;
     let size = mapping.size();
@@ -73,16 +76,16 @@ pub(crate) fn read_at(
             Optimistic::Fallback => {}
         }
     }
-    read_referenced(mapping, policy.read, buf, pos);
+    read_referenced(mapping, policy.read, buf, pos, ahead);
     Ok(len)
 }
 
 /// The read of `buf.len()` bytes at `pos` with references (the small read's optimistic path
 /// inlined into its callers, the rest here).
 #[inline(never)]
-fn read_referenced(mapping: &Mapping, policy: ReadPolicy, buf: &mut [u8], pos: u64) {
+fn read_referenced(mapping: &Mapping, policy: ReadPolicy, buf: &mut [u8], pos: u64, ahead: bool) {
     match policy {
-        ReadPolicy::Batched => read_batched(mapping, buf, pos),
+        ReadPolicy::Batched => read_batched(mapping, buf, pos, ahead),
         ReadPolicy::PerFolio => read_per_folio(mapping, buf, pos),
     }
 }
@@ -111,16 +114,33 @@ impl ZeroRun {
     }
 }
 
-fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64) {
+/// Seed 004's batched read. `ahead` as [`read_at`]: a read within one page then prefetches
+/// what follows it, in its folio or the next one (see
+/// [`copy_hits`](crate::mapping::copy_hits)).
+fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64, ahead: bool) {
     let end = pos + buf.len() as u64;
     let last = (end - 1) >> PAGE_SHIFT;
     if pos >> PAGE_SHIFT == last {
         // Within one page, a batch is one folio: one load, one try_get, one reload.
-        let folio = mapping.lookup(last);
+        let (folio, next) = if ahead {
+            mapping.lookup_peeking::<true>(last)
+        } else {
+            (mapping.lookup(last), None)
+        };
         match folio.as_ref().and_then(|f| f.bytes().map(|b| (f, b))) {
             Some((folio, bytes)) => {
                 let from = (pos - (folio.index() << PAGE_SHIFT)) as usize;
-                buf.copy_from_slice(&bytes[from..from + buf.len()]);
+                let to = from + buf.len();
+                if ahead {
+                    // Where the next read will start, if it does where this one ends: in
+                    // this folio, or at the start of the next one.
+                    if to < bytes.len() {
+                        folio.prefetch(to, buf.len());
+                    } else if let Some(next) = next {
+                        mapping.prefetch_block(next, buf.len());
+                    }
+                }
+                buf.copy_from_slice(&bytes[from..to]);
             }
             None => buf.fill(0),
         }

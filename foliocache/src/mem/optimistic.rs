@@ -148,19 +148,15 @@ impl<'a> FolioView<'a> {
         true
     }
 
-    /// Starts bringing the first `len` bytes of the block at `pfn` (at most [`PREFETCH_MAX`])
-    /// into the CPU's cache ([`prefetch`]), so that a copy about to follow finds them on their
-    /// way. A hint:
-    /// nothing is read, so any block of the arena will do, whoever holds it; a range outside
-    /// the arena is ignored.
+    /// Starts bringing `len` bytes (at most [`PREFETCH_MAX`]) from byte `from` of the block
+    /// at `pfn` into the CPU's cache ([`prefetch`]), so that a copy about to follow finds them
+    /// on their way. A hint: nothing is read, so any block of the arena will do, whoever holds
+    /// it; a range outside the arena is ignored.
     #[inline]
-    pub(crate) fn prefetch(&self, pfn: u32, len: usize) {
-        let start = pfn as usize * PAGE_SIZE;
-        let len = len.min(PREFETCH_MAX);
-        if start + len > self.pages * PAGE_SIZE {
-            return;
+    pub(crate) fn prefetch(&self, pfn: u32, from: usize, len: usize) {
+        if let Some((start, len)) = prefetch_range(self.pages, pfn, from, len) {
+            prefetch(self.base.as_ptr().wrapping_add(start), len);
         }
-        prefetch(self.base.as_ptr().wrapping_add(start), len);
     }
 
     /// Whether the bytes copied since `peek_begin` belong to the life found then: no new life
@@ -203,5 +199,43 @@ impl Memory {
                 self.policy,
             )
         }
+    }
+}
+
+/// The arena bytes `(start, len)` a prefetch of `len` bytes (at most [`PREFETCH_MAX`]) from
+/// byte `from` of block `pfn` covers, in an arena of `pages` pages; `None` when any of it lies
+/// outside (the values may come from a shared mapping any process can write).
+fn prefetch_range(pages: usize, pfn: u32, from: usize, len: usize) -> Option<(usize, usize)> {
+    let start = (pfn as usize).checked_mul(PAGE_SIZE)?.checked_add(from)?;
+    let len = len.min(PREFETCH_MAX);
+    (start.checked_add(len)? <= pages.checked_mul(PAGE_SIZE)?).then_some((start, len))
+}
+
+#[cfg(test)]
+mod prefetch_tests {
+    use super::*;
+
+    /// A prefetch's range stays inside the arena whatever block and offset it is given.
+    #[test]
+    fn a_prefetch_outside_the_arena_is_dropped() {
+        assert_eq!(prefetch_range(4, 1, 100, 64), Some((PAGE_SIZE + 100, 64)));
+        assert_eq!(
+            prefetch_range(4, 0, 0, 1 << 20),
+            Some((0, PREFETCH_MAX)),
+            "at most a page"
+        );
+        assert_eq!(
+            prefetch_range(4, 3, PAGE_SIZE - 64, 64),
+            Some((4 * PAGE_SIZE - 64, 64))
+        );
+        assert_eq!(
+            prefetch_range(4, 3, PAGE_SIZE - 63, 64),
+            None,
+            "one byte past the end"
+        );
+        assert_eq!(prefetch_range(4, 4, 0, 1), None);
+        assert_eq!(prefetch_range(4, u32::MAX, 0, 64), None);
+        assert_eq!(prefetch_range(4, 0, usize::MAX, 64), None, "no overflow");
+        assert_eq!(prefetch_range(usize::MAX, 1, usize::MAX - 10, 64), None);
     }
 }
