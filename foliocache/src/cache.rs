@@ -1280,3 +1280,40 @@ impl Cache {
         stats_from_words(&words)
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    /// `lookup_peeking` finds what `lookup` finds, and gives the next folio's block only when
+    /// it asks to peek and the next slot of the same leaf holds a folio.
+    #[test]
+    fn lookup_peeking_names_the_next_folio_of_the_same_leaf_only() {
+        let cache = super::Cache::builder()
+            .capacity(16 << 20)
+            .build()
+            .expect("cache");
+        let file = cache.create_memory_file(0).expect("memory file");
+        // Pages 0..=2 and 62..=64 written; 3..62 a hole; 63 and 64 in different leaves.
+        file.write_at(&[7u8; 3 * 4096], 0).expect("write");
+        file.write_at(&[9u8; 3 * 4096], 62 * 4096).expect("write");
+        let mapping = file.mapping();
+        let id = |index| mapping.lookup(index).map(|folio| folio.id());
+        for index in [0, 1, 2, 62, 63, 64] {
+            let (found, next) = mapping.lookup_peeking::<true>(index);
+            assert_eq!(found.map(|f| f.id()), id(index), "the folio at {index}");
+            let expected = match index {
+                0 | 1 | 62 => id(index + 1),
+                // 2: a hole follows; 63: the next page is in another leaf; 64: nothing after.
+                _ => None,
+            };
+            assert!(index == 2 || index >= 63 || expected.is_some());
+            assert_eq!(next, expected, "the hint after {index}");
+            assert_eq!(
+                mapping.lookup_peeking::<false>(index).1,
+                None,
+                "no peek asked"
+            );
+        }
+        let (found, next) = mapping.lookup_peeking::<true>(10);
+        assert!(found.is_none() && next.is_none(), "a hole names nothing");
+    }
+}
