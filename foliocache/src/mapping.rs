@@ -520,14 +520,15 @@ impl Mapping {
             }
             drop(folio);
         };
-        let next = match (PEEK && found.is_some())
-            .then(|| cursor.peek_next())
-            .flatten()
-        {
-            Some(Entry::Folio {
-                id, zeros: false, ..
-            }) => Some(id),
-            _ => None,
+        let next = if PEEK && found.is_some() {
+            match cursor.peek_next() {
+                Some(Entry::Folio {
+                    id, zeros: false, ..
+                }) => Some(id),
+                _ => None,
+            }
+        } else {
+            None
         };
         self.counters.index_walks.add(cursor.walks());
         (found, next)

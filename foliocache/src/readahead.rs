@@ -853,6 +853,13 @@ impl<'f> Submission<'f> {
         // them (the kernel's `page_cache_ra_unbounded` looks each index up first): a
         // `readahead(2)` over a range the program just read costs one lookup, not a folio, a
         // lock and a free per page.
+        debug_assert!(
+            !skip_present
+                || slots.iter().enumerate().all(|(k, slot)| {
+                    slot.order == 0 && slot.index == slots[0].index + k as u64
+                }),
+            "a layout that skips present pages is consecutive pages"
+        );
         let lead = if skip_present {
             self.present_run(slots)
         } else {
@@ -879,18 +886,12 @@ impl<'f> Submission<'f> {
 
     /// How many of `slots` from the first are cached already, found without the lock (a hint:
     /// a page cached after the look is found again by the insertion). `slots` is a layout of
-    /// consecutive pages, as [`pages_layout`] makes for every caller that skips present pages.
+    /// consecutive pages, as [`pages_layout`] makes for every caller that skips present pages
+    /// (checked once, in [`Submission::insert_slots`]).
     fn present_run(&self, slots: &[Slot]) -> usize {
         let Some(first) = slots.first() else {
             return 0;
         };
-        debug_assert!(
-            slots
-                .iter()
-                .enumerate()
-                .all(|(k, slot)| slot.order == 0 && slot.index == first.index + k as u64),
-            "a layout that skips present pages is consecutive pages"
-        );
         let miss = self.file.mapping.next_miss(first.index, slots.len() as u64);
         // `next_miss` returns 0 when the scan ran past the largest index: all of them cached.
         let cached = miss.checked_sub(first.index).unwrap_or(slots.len() as u64);
@@ -974,7 +975,7 @@ impl<'f> Submission<'f> {
                     return k;
                 }
                 self.end_run();
-                self.count_skip();
+                self.count_skips(1);
                 continue;
             }
             let Ok(folio) = cache.alloc_for_readahead(slot.order) else {
@@ -988,16 +989,12 @@ impl<'f> Submission<'f> {
                 Ok((locked, shadow)) => self.push(locked, *slot, shadow),
                 Err(Error::Exists { .. }) if skip_present => {
                     self.end_run();
-                    self.count_skip();
+                    self.count_skips(1);
                 }
                 Err(_) => return k,
             }
         }
         slots.len()
-    }
-
-    fn count_skip(&self) {
-        self.disk.ra.present_skips.inc();
     }
 
     fn count_skips(&self, pages: usize) {
