@@ -158,8 +158,22 @@ fn a_direct_stream_serves_every_byte_in_any_record_size_and_order() {
     // Not a multiple of the block: the last request is short.
     let size = 9 * (64 << 10) + 3 * 4096 + 100;
     let path = test_file("disk-stream", size);
-    for (block, depth, record) in [(64 << 10, 4, 8192), (4096, 1, 1000), (1 << 20, 8, 70_000)] {
-        let Some(mut stream) = direct_or_skip(DirectStream::prepare(&path, block, depth)) else {
+    // `n`: the depth, or with `windowed` the window in blocks (reading ahead as the kernel).
+    for (block, n, windowed, record) in [
+        (64 << 10, 4, false, 8192),
+        (4096, 1, false, 1000),
+        (1 << 20, 8, false, 70_000),
+        (64 << 10, 2, true, 8192),
+        (4096, 1, true, 1000),
+        (64 << 10, 3, true, 70_000),
+        (4096, 2, true, 300_000),
+    ] {
+        let prepared = if windowed {
+            DirectStream::prepare_windowed(&path, block, block * n)
+        } else {
+            DirectStream::prepare(&path, block, n)
+        };
+        let Some(mut stream) = direct_or_skip(prepared) else {
             return;
         };
         assert_eq!(stream.size(), size);
@@ -186,6 +200,18 @@ fn a_direct_stream_serves_every_byte_in_any_record_size_and_order() {
         assert!((0..5).all(|k| buf[k] == byte_at(70_001 + k as u64)));
         assert_eq!(stream.read_at(&mut buf, size).unwrap(), 0);
     }
+    // A windowed stream issues the reader's window and the next one, no further.
+    let (block, window) = (64 << 10, 2 * (64 << 10));
+    if let Some(mut stream) = direct_or_skip(DirectStream::prepare_windowed(&path, block, window)) {
+        let mut buf = vec![0u8; 8192];
+        let mut at = 0u64;
+        while at < size {
+            let n = stream.read_at(&mut buf, at).unwrap() as u64;
+            let ahead = (at / window as u64 + 2) * window as u64;
+            assert_eq!(stream.requested(), ahead.min(size), "at {at}");
+            at += n;
+        }
+    }
     // Far ahead first: the reader waits for every block up to the one it asked for.
     let mut stream = DirectStream::prepare(&path, 64 << 10, 2).unwrap();
     let mut buf = vec![0u8; 300];
@@ -195,6 +221,16 @@ fn a_direct_stream_serves_every_byte_in_any_record_size_and_order() {
     for (block, depth) in [(0, 4), (1000, 4), (4096, 0), (4096, 5000)] {
         let error = DirectStream::prepare(&path, block, depth).unwrap_err();
         assert!(error.to_string().contains("block"), "{error}");
+    }
+    for (block, window) in [
+        (0, 4096),
+        (4096, 0),
+        (4096, 6000),
+        (8192, 4096),
+        (4096, 4096 * 4096),
+    ] {
+        let error = DirectStream::prepare_windowed(&path, block, window).unwrap_err();
+        assert!(error.to_string().contains("window"), "{error}");
     }
 }
 

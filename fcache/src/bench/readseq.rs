@@ -22,6 +22,11 @@
 //!   device's best shape, submitting and reaping the requests on its own thread, and copies
 //!   every record out of memory that keeps every byte (`DirectStream`: no lookup, no lock, no
 //!   other thread). What the device allows a reader, against which the cache's own cost shows;
+//! * `device+copy/kernel-windows`: the same readers, reading ahead as the kernel's readahead does
+//!   on a sequential stream: windows of the readahead size in requests of the cache's request
+//!   size, the next window issued when the reader reaches the start of the one before it (two
+//!   in flight at most, none issued while the reader copies out of the older one). What the
+//!   device allows any cache that reads ahead like the kernel: the readahead's own bound;
 //! * `device/reused`: the same as `device` into 128 KiB buffers reused as reads complete (they stay in the
 //!   CPU caches, which this VM's disk, a host copy into guest memory, rewards);
 //! * `device/reused-4k-pages`: reused buffers of 4 KiB pages, one segment per page (what fio's
@@ -58,11 +63,12 @@ const LARGE: &str = "foliocache/large-folios";
 const KERNEL: &str = "kernel";
 const DEVICE: &str = "device";
 const COPIED: &str = "device+copy";
+const WINDOWED: &str = "device+copy/kernel-windows";
 const REUSED: &str = "device/reused";
 const REUSED_4K: &str = "device/reused-4k-pages";
 /// Every system, in rotation order (and the plots' bar order).
-const SYSTEMS: [&str; 8] = [
-    BATCHED, SINGLE, LARGE, KERNEL, DEVICE, COPIED, REUSED, REUSED_4K,
+const SYSTEMS: [&str; 9] = [
+    BATCHED, SINGLE, LARGE, KERNEL, DEVICE, COPIED, WINDOWED, REUSED, REUSED_4K,
 ];
 /// The foliocache systems: (name, insertion policy, largest folio order, name in the counters).
 const FOLIOCACHE: [(&str, InsertPolicy, Option<u8>, &str); 3] = [
@@ -528,6 +534,40 @@ impl System for DeviceCopy {
     }
 }
 
+/// The device read by readers that copy, reading ahead as the kernel's readahead does on a
+/// sequential stream ([`DirectStream::prepare_windowed`]): windows of the readahead size in
+/// requests of the cache's request size, the next window issued when the reader reaches the
+/// start of the one before it (two in flight at most). What the device allows any cache that
+/// reads ahead like the kernel, with no cost of its own: the readahead's own bound.
+struct DeviceWindows {
+    request_bytes: usize,
+    window_bytes: usize,
+}
+
+impl System for DeviceWindows {
+    fn name(&self) -> &'static str {
+        WINDOWED
+    }
+
+    fn pass(&mut self, data: &Data<'_>) -> Result<Sample, String> {
+        let streams: Vec<std::sync::Mutex<DirectStream>> = data
+            .paths
+            .iter()
+            .map(|p| {
+                DirectStream::prepare_windowed(p, self.request_bytes, self.window_bytes)
+                    .map(std::sync::Mutex::new)
+            })
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        let cpu0 = process_cpu();
+        let done = pass(data.threads(), data.file_size, &|t, at, buf| {
+            let mut stream = streams[t].lock().map_err(|e| e.to_string())?;
+            stream.read_at(buf, at).map_err(|e| e.to_string())
+        })?;
+        Ok(Sample::of_pass(&done, process_cpu() - cpu0, data.gib()))
+    }
+}
+
 /// The measuring body: one case's `systems` in rotation, each pass after a moment of busy
 /// CPUs. Records every system's MiB/s and CPU time per GiB, and for those that read record by
 /// record their ops/s and latencies; then the per-round ratio of ops/s of each pair in
@@ -744,7 +784,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             // policy: this VM's memory is not uniformly fast.)
             let cache = build_cache(capacity, sizes.ra_bytes, sizes.request_bytes)?;
             let opened = open_files(&cache, data.paths)?;
-            let mut systems = systems(&cache, &opened, data.paths, device_shape, over)?;
+            let windows = DeviceWindows {
+                request_bytes: sizes.request_bytes,
+                window_bytes: usize::try_from(sizes.ra_bytes).map_err(|e| e.to_string())?,
+            };
+            let mut systems = systems(&cache, &opened, data.paths, device_shape, windows, over)?;
             let mut paired = vec![(BATCHED, SINGLE)];
             if !over {
                 paired.extend([
@@ -754,6 +798,9 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
                     (LARGE, DEVICE),
                     (KERNEL, DEVICE),
                     (COPIED, DEVICE),
+                    (WINDOWED, DEVICE),
+                    (BATCHED, WINDOWED),
+                    (KERNEL, WINDOWED),
                     (BATCHED, COPIED),
                     (LARGE, COPIED),
                     (KERNEL, COPIED),
@@ -808,6 +855,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
          ceiling for a cache); device+copy: each reader streams its own file at that shape, \
          submitting and reaping its requests itself, and copies every record out (a cache with \
          no lookup, no lock and no thread of its own: the bound for a cache that copies); \
+         device+copy/kernel-windows: the same, reading ahead as the kernel does (windows of \
+         the readahead size in requests of the cache's size, the next issued when the reader \
+         reaches the start of the one before it: the bound for a cache that reads ahead like \
+         the kernel); \
          device/reused into a few reused buffers that stay in the CPU \
          caches (no cache can read that way); device/reused-4k-pages the same in 4 KiB pages. \
          cpu_s_per_GiB: the process's CPU time over the pass (all threads, including the \
@@ -837,8 +888,10 @@ fn systems<'a>(
     opened: &'a [Vec<foliocache::File>],
     paths: &[PathBuf],
     device_shape: Shape,
+    windows: DeviceWindows,
     over: bool,
 ) -> Result<Vec<Box<dyn System + 'a>>, String> {
+    let mut windows = Some(windows);
     let kernel_files: Vec<std::fs::File> = paths
         .iter()
         .map(std::fs::File::open)
@@ -874,6 +927,11 @@ fn systems<'a>(
             systems.push(Box::new(DeviceCopy {
                 shape: device_shape,
             }));
+        }
+        if name == DEVICE
+            && let Some(windows) = windows.take()
+        {
+            systems.push(Box::new(windows));
         }
     }
     if over {
@@ -1037,13 +1095,20 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                 .busy_from(&[Some(p)]),
         );
     }
-    // What bounds that share: the device read by readers that copy, with nothing else.
-    for (a, name) in [
-        (COPIED, "bound: device+copy's share of the device"),
-        (KERNEL, "kernel's share of the device"),
-        (BATCHED, "batched: share of device+copy"),
+    // What bounds that share: the device read by readers that copy, with nothing else, and
+    // the same reading ahead in the kernel's windows (the readahead's own bound).
+    for (a, b, name) in [
+        (COPIED, DEVICE, "bound: device+copy's share of the device"),
+        (
+            WINDOWED,
+            DEVICE,
+            "bound: kernel-windows copy, share of device",
+        ),
+        (KERNEL, DEVICE, "kernel's share of the device"),
+        (BATCHED, COPIED, "batched: share of device+copy"),
+        (BATCHED, WINDOWED, "batched: share of kernel-windows copy"),
+        (KERNEL, WINDOWED, "kernel: share of kernel-windows copy"),
     ] {
-        let b = if a == BATCHED { COPIED } else { DEVICE };
         if let Some(p) = paired(a, b) {
             rows.push(
                 Row::new("000", name)

@@ -294,6 +294,13 @@ impl Probe {
 /// completed (reaping completions and issuing the next requests on its own thread), then
 /// copies. Each read first reaps whatever has completed, so the queue stays `depth` deep while
 /// the reader copies.
+///
+/// [`prepare_windowed`](Self::prepare_windowed) makes a stream that reads ahead as the kernel's
+/// readahead does on a sequential stream instead: in windows, the next one issued when the
+/// reader reaches the start of the one before it (the mark at the start of each window, with
+/// the whole window asynchronous), so two windows at most are in flight, and none is issued
+/// while the reader is still copying out of the one behind them. What the device allows a
+/// cache that reads ahead like the kernel, with no cost of its own.
 pub struct DirectStream {
     // Dropped first: the ring goes before the memory its reads land in.
     ring: IoUring,
@@ -310,6 +317,10 @@ pub struct DirectStream {
     /// Every byte below this has been read.
     frontier: u64,
     in_flight: usize,
+    /// The readahead window in bytes (0: none, keep `depth` in flight).
+    window: u64,
+    /// No request starts at or past this byte yet (the end of the window after the reader's).
+    reach: u64,
 }
 
 impl std::fmt::Debug for DirectStream {
@@ -328,6 +339,30 @@ impl DirectStream {
     /// Opens `path` with O_DIRECT and maps and faults in memory for all of it. Errors as
     /// [`Probe::prepare`]'s.
     pub fn prepare(path: &Path, block: usize, depth: usize) -> Result<Self, Error> {
+        Self::open(path, block, depth, 0)
+    }
+
+    /// Opens `path` as [`prepare`](Self::prepare) does, for reads ahead in windows of `window`
+    /// bytes (a positive multiple of `block`) issued as the kernel's readahead issues them: the
+    /// window holding the reader's offset and the one after it, never more. Errors as
+    /// [`prepare`](Self::prepare)'s, and a window that is not a multiple of the block (or
+    /// needs more than 2048 requests).
+    pub fn prepare_windowed(path: &Path, block: usize, window: usize) -> Result<Self, Error> {
+        let per_window = match (block, window) {
+            (0, _) | (_, 0) => 0,
+            _ if !window.is_multiple_of(block) => 0,
+            _ => window / block,
+        };
+        if per_window == 0 || per_window > 2048 {
+            return Err(Error::Engine(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the window must be a positive multiple of the block, of 2048 blocks at most",
+            )));
+        }
+        Self::open(path, block, 2 * per_window, window as u64)
+    }
+
+    fn open(path: &Path, block: usize, depth: usize, window: u64) -> Result<Self, Error> {
         check_shape(block, depth)?;
         let (file, size) = open_direct(path)?;
         let blocks = usize::try_from(size.div_ceil(block as u64))
@@ -351,12 +386,19 @@ impl DirectStream {
             done: vec![false; blocks],
             frontier: 0,
             in_flight: 0,
+            window,
+            reach: u64::MAX,
         })
     }
 
     /// The file's size.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// How far into the file reads have been issued so far, in bytes.
+    pub fn requested(&self) -> u64 {
+        self.next.saturating_mul(self.block as u64).min(self.size)
     }
 
     /// Copies the file's bytes at `offset` into `buf` (fewer at the end of the file, none past
@@ -366,6 +408,12 @@ impl DirectStream {
             return Ok(0);
         }
         let end = self.size.min(offset.saturating_add(buf.len() as u64));
+        if let Some(reader_window) = offset.checked_div(self.window) {
+            // The reader is in window `offset / window`: that one and the next may be in
+            // flight (and whatever the read itself needs, should it span more).
+            let window_end = reader_window.saturating_add(2).saturating_mul(self.window);
+            self.reach = window_end.max(end);
+        }
         self.reap(false)?;
         while self.frontier < end {
             self.reap(true)?;
@@ -387,7 +435,10 @@ impl DirectStream {
     fn reap(&mut self, wait: bool) -> Result<(), Error> {
         let blocks = self.done.len() as u64;
         let mut pushed = false;
-        while self.in_flight < self.depth && self.next < blocks {
+        while self.in_flight < self.depth
+            && self.next < blocks
+            && self.next.saturating_mul(self.block as u64) < self.reach
+        {
             let k = self.next;
             let entry = opcode::Read::new(
                 types::Fd(self.file.as_raw_fd()),
