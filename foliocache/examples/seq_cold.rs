@@ -11,6 +11,9 @@
 //! Under `perf record -e cpu-clock`, the main thread is the setup (the arena's prefault) and the
 //! emptying between passes (whose deferred frees it also runs before each pass, as readseq
 //! does): leave it out (`perf report --tid`) to see the passes alone.
+//! `SEQ_COLD_REQUEST_KIB` sets the cache's request size (512 KiB when unset);
+//! `SEQ_COLD_MARKS` prints each pass's start and end (`CLOCK_MONOTONIC`, ns), for
+//! `scripts/disk-gaps`, which samples the disk's in-flight count alongside.
 
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -118,6 +121,12 @@ fn main() {
         .capacity(2 * FILE + (64 << 20))
         .prefault(true)
         .readahead_bytes(readahead_kb << 10)
+        .io_request_bytes(
+            std::env::var("SEQ_COLD_REQUEST_KIB")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(512 << 10, |kib| kib << 10),
+        )
         .build()
         .expect("cache");
     let files: Vec<foliocache::File> = paths
@@ -151,6 +160,11 @@ fn main() {
         let before = cpu_seconds();
         let ticks_before = disk_ticks(&paths[0]);
         let started = std::time::Instant::now();
+        let mark = || {
+            let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+            t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128
+        };
+        let pass_start = mark();
         std::thread::scope(|s| {
             for (file, plain) in files.iter().zip(&plain) {
                 let through_cache = mode == "cache";
@@ -171,6 +185,9 @@ fn main() {
             }
         });
         cpu += cpu_seconds() - before;
+        if std::env::var_os("SEQ_COLD_MARKS").is_some() {
+            println!("marks {pass_start} {}", mark());
+        }
         let wall = started.elapsed().as_secs_f64();
         let rate = 2.0 * FILE as f64 / wall / f64::from(1u32 << 20);
         match (ticks_before, disk_ticks(&paths[0])) {
