@@ -224,45 +224,47 @@ impl Backend for NullBackend {
     }
 }
 
-/// One forced readahead window of 128 order-0 pages (512 KiB), from an empty file: the
-/// kernel's `page_cache_ra_unbounded` loop that seed 000 batches. Per folio.
+/// One forced readahead window of order-0 pages from an empty file: 128 pages (512 KiB, one
+/// request), the kernel's `page_cache_ra_unbounded` loop that seed 000 batches, and 2048
+/// (8 MiB, readseq's window: sixteen requests). Per folio.
 fn readahead_fill(c: &mut Criterion) {
-    const PAGES: u64 = 128;
-    let mut group = c.benchmark_group("readahead_fill_128_pages");
-    for (name, insert) in [
-        ("single", InsertPolicy::Single),
-        ("batched", InsertPolicy::Batched),
-    ] {
-        let cache = Cache::builder()
-            .capacity(64 << 20)
-            .max_io_bytes(PAGES * 4096)
-            .policy(Policy {
-                insert,
-                ..Policy::default()
-            })
-            .build()
-            .unwrap();
-        let backend: Arc<dyn Backend> = Arc::new(NullBackend(1 << 30));
-        group.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                let mut total = Duration::ZERO;
-                for _ in 0..iters {
-                    let file = cache.open_backend(Arc::clone(&backend), Some(0)).unwrap();
-                    let mut handle = file.handle();
-                    let start = Instant::now();
-                    handle.readahead(0, PAGES * 4096).unwrap();
-                    total += start.elapsed();
-                    assert_eq!(file.mapping_stats().cached_pages, PAGES);
-                    // Dropping the file (and freeing its folios) is not timed.
-                    drop(handle);
-                    drop(file);
-                    cache.evict(0);
-                }
-                total / PAGES as u32
+    for pages in [128u64, 2048] {
+        let mut group = c.benchmark_group(format!("readahead_fill_{pages}_pages"));
+        for (name, insert) in [
+            ("single", InsertPolicy::Single),
+            ("batched", InsertPolicy::Batched),
+        ] {
+            let cache = Cache::builder()
+                .capacity(64 << 20)
+                .max_io_bytes(pages * 4096)
+                .policy(Policy {
+                    insert,
+                    ..Policy::default()
+                })
+                .build()
+                .unwrap();
+            let backend: Arc<dyn Backend> = Arc::new(NullBackend(1 << 30));
+            group.bench_function(name, |b| {
+                b.iter_custom(|iters| {
+                    let mut total = Duration::ZERO;
+                    for _ in 0..iters {
+                        let file = cache.open_backend(Arc::clone(&backend), Some(0)).unwrap();
+                        let mut handle = file.handle();
+                        let start = Instant::now();
+                        handle.readahead(0, pages * 4096).unwrap();
+                        total += start.elapsed();
+                        assert_eq!(file.mapping_stats().cached_pages, pages);
+                        // Dropping the file (and freeing its folios) is not timed.
+                        drop(handle);
+                        drop(file);
+                        cache.evict(0);
+                    }
+                    total / pages as u32
+                });
             });
-        });
+        }
+        group.finish();
     }
-    group.finish();
 }
 
 criterion_group!(
