@@ -518,20 +518,30 @@ impl System for DeviceCopy {
 
     fn pass(&mut self, data: &Data<'_>) -> Result<Sample, String> {
         let depth = (self.shape.depth / data.threads()).max(1);
-        // Opened and faulted in before the clock starts, as the device's buffers are.
-        let streams: Vec<std::sync::Mutex<DirectStream>> = data
-            .paths
-            .iter()
-            .map(|p| DirectStream::prepare(p, self.shape.block, depth).map(std::sync::Mutex::new))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
-        let cpu0 = process_cpu();
-        let done = pass(data.threads(), data.file_size, &|t, at, buf| {
-            let mut stream = streams[t].lock().map_err(|e| e.to_string())?;
-            stream.read_at(buf, at).map_err(|e| e.to_string())
-        })?;
-        Ok(Sample::of_pass(&done, process_cpu() - cpu0, data.gib()))
+        stream_pass(data, |path| {
+            DirectStream::prepare(path, self.shape.block, depth)
+        })
     }
+}
+
+/// One pass of readers that each stream their own file through a [`DirectStream`] made by
+/// `prepare` (opened and faulted in before the clock starts, as the device's buffers are).
+fn stream_pass(
+    data: &Data<'_>,
+    prepare: impl Fn(&Path) -> Result<DirectStream, foliocache::Error>,
+) -> Result<Sample, String> {
+    let streams: Vec<std::sync::Mutex<DirectStream>> = data
+        .paths
+        .iter()
+        .map(|p| prepare(p).map(std::sync::Mutex::new))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let cpu0 = process_cpu();
+    let done = pass(data.threads(), data.file_size, &|t, at, buf| {
+        let mut stream = streams[t].lock().map_err(|e| e.to_string())?;
+        stream.read_at(buf, at).map_err(|e| e.to_string())
+    })?;
+    Ok(Sample::of_pass(&done, process_cpu() - cpu0, data.gib()))
 }
 
 /// The device read by readers that copy, reading ahead as the kernel's readahead does on a
@@ -550,21 +560,9 @@ impl System for DeviceWindows {
     }
 
     fn pass(&mut self, data: &Data<'_>) -> Result<Sample, String> {
-        let streams: Vec<std::sync::Mutex<DirectStream>> = data
-            .paths
-            .iter()
-            .map(|p| {
-                DirectStream::prepare_windowed(p, self.request_bytes, self.window_bytes)
-                    .map(std::sync::Mutex::new)
-            })
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
-        let cpu0 = process_cpu();
-        let done = pass(data.threads(), data.file_size, &|t, at, buf| {
-            let mut stream = streams[t].lock().map_err(|e| e.to_string())?;
-            stream.read_at(buf, at).map_err(|e| e.to_string())
-        })?;
-        Ok(Sample::of_pass(&done, process_cpu() - cpu0, data.gib()))
+        stream_pass(data, |path| {
+            DirectStream::prepare_windowed(path, self.request_bytes, self.window_bytes)
+        })
     }
 }
 
