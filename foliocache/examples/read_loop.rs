@@ -2,7 +2,11 @@
 //! `cargo run --release --example read_loop -- <batched|per-folio> <normal|fallocated|hole> <block bytes> <max order> <reads>`
 //! (`READ_LOOP_SMALL=refcounted` makes small reads take a reference; `READ_LOOP_RANDOM=1` reads
 //! blocks at random block-aligned offsets instead of in order, so the index walk and the
-//! folio's descriptor miss the CPU's caches as a random reader's do.)
+//! folio's descriptor miss the CPU's caches as a random reader's do; `READ_LOOP_SKEW=<bytes>`
+//! adds that much to every position, so that a block straddles two pages as RocksDB's do;
+//! `READ_LOOP_FILE=<path>` reads that file from storage instead of a memory file, its first
+//! `READ_LOOP_MIB` read once before the clock starts so that every timed read is a hit: the
+//! hit path of a file from storage, `copy_hits`, which the preload library's reads take.)
 
 use foliocache::{Cache, ReadPolicy};
 use std::hint::black_box;
@@ -42,8 +46,27 @@ fn main() {
         .prefault(huge)
         .build()
         .expect("cache");
-    let file = cache.create_memory_file(order).expect("file");
+    let from_storage = std::env::var_os("READ_LOOP_FILE");
+    let file = match &from_storage {
+        Some(path) => {
+            let file = cache
+                .open_with(
+                    std::path::Path::new(path),
+                    foliocache::OpenOptions::new().max_order(order),
+                )
+                .expect("open the file through the cache");
+            assert!(file.size() >= size, "READ_LOOP_FILE is shorter than READ_LOOP_MIB");
+            let mut warm = file.handle();
+            let mut chunk = vec![0u8; 1 << 20];
+            for at in (0..size).step_by(chunk.len()) {
+                warm.read_at(&mut chunk, at).expect("warm the file");
+            }
+            file
+        }
+        None => cache.create_memory_file(order).expect("file"),
+    };
     match args[2].as_str() {
+        _ if from_storage.is_some() => {}
         "normal" => {
             // Distinct bytes everywhere (identical pages could be deduplicated by the host and
             // then read from one cached copy).
@@ -81,7 +104,11 @@ fn main() {
     let buf = &mut backing[base..base + block];
     buf.fill(1);
     let random = std::env::var("READ_LOOP_RANDOM").is_ok_and(|v| v == "1");
-    let blocks = (size / block.max(1) as u64).max(1);
+    let skew: u64 = std::env::var("READ_LOOP_SKEW")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let blocks = (size.saturating_sub(skew) / block.max(1) as u64).max(1);
     let mut rng = 0x2545_F491_4F6C_DD1Du64;
     let mut pos = 0u64;
     let start = std::time::Instant::now();
@@ -90,7 +117,7 @@ fn main() {
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
-            pos = (rng % blocks) * block as u64;
+            pos = (rng % blocks) * block as u64 + skew;
         }
         let n = handle.read_at(buf, pos).expect("read") as u64;
         black_box(&buf);
