@@ -55,7 +55,10 @@ fn main() {
                     foliocache::OpenOptions::new().max_order(order),
                 )
                 .expect("open the file through the cache");
-            assert!(file.size() >= size, "READ_LOOP_FILE is shorter than READ_LOOP_MIB");
+            assert!(
+                file.size() >= size,
+                "READ_LOOP_FILE is shorter than READ_LOOP_MIB"
+            );
             let mut warm = file.handle();
             let mut chunk = vec![0u8; 1 << 20];
             for at in (0..size).step_by(chunk.len()) {
