@@ -545,13 +545,29 @@ fn stream_pass(
 }
 
 /// The device read by readers that copy, reading ahead as the kernel's readahead does on a
-/// sequential stream ([`DirectStream::prepare_windowed`]): windows of the readahead size in
-/// requests of the cache's request size, the next window issued when the reader reaches the
+/// sequential stream ([`DirectStream::prepare_windowed`]): windows of the readahead size (in
+/// whole requests) in requests of the cache's request size, the next window issued when the reader reaches the
 /// start of the one before it (two in flight at most). What the device allows any cache that
 /// reads ahead like the kernel, with no cost of its own: the readahead's own bound.
 struct DeviceWindows {
     request_bytes: usize,
     window_bytes: usize,
+}
+
+impl DeviceWindows {
+    /// The shape for a cache's request size and readahead window, in the units O_DIRECT
+    /// takes: requests rounded up to whole pages, the window up to whole requests (as the
+    /// cache's last request of a window is a short one), between 1 and 2048 of them.
+    fn new(request_bytes: usize, ra_bytes: u64) -> Self {
+        let request_bytes = request_bytes.max(1).next_multiple_of(4096);
+        let requests = usize::try_from(ra_bytes.div_ceil(request_bytes as u64))
+            .unwrap_or(usize::MAX)
+            .clamp(1, 2048);
+        Self {
+            request_bytes,
+            window_bytes: requests * request_bytes,
+        }
+    }
 }
 
 impl System for DeviceWindows {
@@ -782,10 +798,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             // policy: this VM's memory is not uniformly fast.)
             let cache = build_cache(capacity, sizes.ra_bytes, sizes.request_bytes)?;
             let opened = open_files(&cache, data.paths)?;
-            let windows = DeviceWindows {
-                request_bytes: sizes.request_bytes,
-                window_bytes: usize::try_from(sizes.ra_bytes).map_err(|e| e.to_string())?,
-            };
+            let windows = DeviceWindows::new(sizes.request_bytes, sizes.ra_bytes);
             let mut systems = systems(&cache, &opened, data.paths, device_shape, windows, over)?;
             let mut paired = vec![(BATCHED, SINGLE)];
             if !over {
@@ -1141,4 +1154,34 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
         }
     }
     rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DeviceWindows;
+
+    /// Any request size and window the suite may be given become a shape O_DIRECT and
+    /// `DirectStream::prepare_windowed` take: whole pages, a window of whole requests, 1 to
+    /// 2048 of them.
+    #[test]
+    fn the_kernel_windows_shape_is_always_one_a_stream_takes() {
+        for (request, ra, want) in [
+            (512 << 10, 8 << 20, (512 << 10, 8 << 20)),
+            (768 << 10, 8 << 20, (768 << 10, 11 * (768 << 10))),
+            (1000, 8 << 20, (4096, 8 << 20)),
+            (512 << 10, 100, (512 << 10, 512 << 10)),
+            (4096, 1 << 40, (4096, 2048 * 4096)),
+            (0, 0, (4096, 4096)),
+        ] {
+            let shape = DeviceWindows::new(request, ra);
+            assert_eq!(
+                (shape.request_bytes, shape.window_bytes),
+                want,
+                "request {request}, readahead {ra}"
+            );
+            assert!(shape.request_bytes.is_multiple_of(4096));
+            assert!(shape.window_bytes.is_multiple_of(shape.request_bytes));
+            assert!((1..=2048).contains(&(shape.window_bytes / shape.request_bytes)));
+        }
+    }
 }
