@@ -6,7 +6,9 @@
 //! adds that much to every position, so that a block straddles two pages as RocksDB's do;
 //! `READ_LOOP_FILE=<path>` reads that file from storage instead of a memory file, its first
 //! `READ_LOOP_MIB` read once before the clock starts so that every timed read is a hit: the
-//! hit path of a file from storage, `copy_hits`, which the preload library's reads take.)
+//! hit path of a file from storage, `copy_hits`, which the preload library's reads take;
+//! `READ_LOOP_SAME=1` reads the same block every time, at `READ_LOOP_SKEW`, as smallread does;
+//! `READ_LOOP_KIB` sizes the file in KiB rather than `READ_LOOP_MIB`.)
 
 use foliocache::{Cache, ReadPolicy};
 use std::hint::black_box;
@@ -34,14 +36,23 @@ fn main() {
         eprintln!("{usage}");
         std::process::exit(2);
     };
-    let size: u64 = std::env::var("READ_LOOP_MIB")
+    // READ_LOOP_KIB, if set, gives the size in KiB instead (a file of one page: 4).
+    let size: u64 = match std::env::var("READ_LOOP_KIB")
         .ok()
         .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(64)
-        << 20;
+    {
+        Some(kib) => kib.max(4) << 10,
+        None => {
+            std::env::var("READ_LOOP_MIB")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(64)
+                << 20
+        }
+    };
     let huge = std::env::var("READ_LOOP_HUGE").is_ok_and(|v| v == "1");
     let cache = Cache::builder()
-        .capacity(size + size / 32 + (8 << 20))
+        .capacity((size + size / 32).next_multiple_of(1 << 20) + (8 << 20))
         .huge_pages(huge)
         .prefault(huge)
         .build()
@@ -60,7 +71,7 @@ fn main() {
                 "READ_LOOP_FILE is shorter than READ_LOOP_MIB"
             );
             let mut warm = file.handle();
-            let mut chunk = vec![0u8; 1 << 20];
+            let mut chunk = vec![0u8; (1 << 20).min(size as usize)];
             for at in (0..size).step_by(chunk.len()) {
                 warm.read_at(&mut chunk, at).expect("warm the file");
             }
@@ -74,7 +85,7 @@ fn main() {
             // Distinct bytes everywhere (identical pages could be deduplicated by the host and
             // then read from one cached copy).
             let mut x = 0x9E37_79B9_7F4A_7C15u64;
-            let mut chunk = vec![0u8; 1 << 20];
+            let mut chunk = vec![0u8; (1 << 20).min(size as usize)];
             for at in (0..size).step_by(chunk.len()) {
                 for word in chunk.chunks_exact_mut(8) {
                     x ^= x << 13;
@@ -107,13 +118,14 @@ fn main() {
     let buf = &mut backing[base..base + block];
     buf.fill(1);
     let random = std::env::var("READ_LOOP_RANDOM").is_ok_and(|v| v == "1");
+    let same = std::env::var("READ_LOOP_SAME").is_ok_and(|v| v == "1");
     let skew: u64 = std::env::var("READ_LOOP_SKEW")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     let blocks = (size.saturating_sub(skew) / block.max(1) as u64).max(1);
     let mut rng = 0x2545_F491_4F6C_DD1Du64;
-    let mut pos = 0u64;
+    let mut pos = skew;
     let start = std::time::Instant::now();
     for _ in 0..reads {
         if random {
@@ -124,14 +136,17 @@ fn main() {
         }
         let n = handle.read_at(buf, pos).expect("read") as u64;
         black_box(&buf);
-        pos = if pos + n >= size { 0 } else { pos + n };
+        if !same {
+            pos = if pos + n >= size { 0 } else { pos + n };
+        }
     }
     let elapsed = start.elapsed();
     let stats = file.mapping_stats();
     println!(
-        "{reads} reads, {} index walks, {} lookups, {:.2} GiB/s, {:.1} ns per read",
+        "{reads} reads, {} index walks, {} lookups, {} from the recent folio, {:.2} GiB/s, {:.1} ns per read",
         stats.index_walks,
         stats.lookups,
+        stats.recent_hits,
         (reads * block as u64) as f64 / elapsed.as_secs_f64() / f64::from(1u32 << 30),
         elapsed.as_nanos() as f64 / reads as f64
     );

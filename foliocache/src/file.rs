@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::inode::Inode;
 use crate::inode::Revalidated;
 use crate::io::IoStats;
-use crate::mapping::{Mapping, MappingStats, RemoveError};
+use crate::mapping::{Mapping, MappingStats, Recent, RemoveError};
 use crate::mem::{PAGE_SHIFT, PAGE_SIZE};
 use crate::opened::Opened;
 use crate::policy::{Policy, ReadPolicy, SmallReadPolicy};
@@ -131,6 +131,8 @@ pub struct Handle {
     wb_since: u32,
     /// This writer's sequential stream, for write-behind.
     stream: Stream,
+    /// The folio this reader's last optimistic small read copied from (a memory file).
+    recent: Option<Recent>,
 }
 
 /// A handle's writes as a stream: where the next sequential write starts, and from where the
@@ -184,6 +186,7 @@ impl File {
                 policy: inner.policy,
                 wb_since: inner.disk().map_or(0, |disk| disk.wb.errors.sample()),
                 stream: Stream::default(),
+                recent: None,
             },
             #[cfg(not(loom))]
             Repr::Client(client) => {
@@ -196,6 +199,7 @@ impl File {
                     policy,
                     wb_since: client.errseq_now(),
                     stream: Stream::default(),
+                    recent: None,
                 }
             }
         }
@@ -632,6 +636,7 @@ pub(crate) mod answer {
             s.dirty_pages,
             s.writeback_pages,
             s.unreferenced_hits,
+            s.recent_hits,
         ]
     }
 
@@ -649,6 +654,7 @@ pub(crate) mod answer {
             dirty_pages: w(words, 9),
             writeback_pages: w(words, 10),
             unreferenced_hits: w(words, 11),
+            recent_hits: w(words, 12),
         }
     }
 
@@ -1125,6 +1131,7 @@ impl Handle {
             buf,
             pos,
             self.ra.prev_pos == pos as i64,
+            &mut self.recent,
         )?;
         if n > 0 {
             self.ra.prev_pos = (pos + n as u64) as i64;

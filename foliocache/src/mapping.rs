@@ -113,6 +113,21 @@ pub const OPTIMISTIC_MAX: usize = 256;
 /// Tries of the optimistic copy on one folio before a caller takes the referenced path.
 pub(crate) const HIT_TRIES: usize = 3;
 
+/// The folio a reader's last optimistic read copied from, found then in the index: its next
+/// small read in the same folio starts from the folio itself rather than the index walk (see
+/// [`crate::mem::optimistic`], "A reader's recent folio"). A hint: a folio that changed since
+/// is found out, and the read walks the index as any other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Recent {
+    pfn: u32,
+    /// The folio's life when it was found.
+    seq: u32,
+    /// Its first page in the file.
+    first: u64,
+    /// Its length in pages.
+    pages: u64,
+}
+
 /// Copies the cached bytes of `pos..pos + dst.len()` into `dst` from `pos` on, folio after
 /// folio, without taking a reference, up to the first page it cannot serve this way: one not
 /// cached, not uptodate, carrying the READAHEAD mark (the referenced path must see that read
@@ -295,6 +310,9 @@ pub struct MappingStats {
     /// at most [`HIT_READ_MAX`](crate::HIT_READ_MAX) bytes, under
     /// [`SmallReadPolicy::Optimistic`](crate::SmallReadPolicy::Optimistic)).
     pub unreferenced_hits: u64,
+    /// Optimistic small reads of a memory file served from the folio the same handle's last
+    /// one copied from, without an index walk (not counted in `lookups`).
+    pub recent_hits: u64,
 }
 
 #[derive(Debug, Default)]
@@ -304,6 +322,7 @@ struct Counters {
     index_walks: ShardedCounter,
     optimistic_retries: ShardedCounter,
     unreferenced_hits: ShardedCounter,
+    recent_hits: ShardedCounter,
     // Bumped by writers, under the writer lock or close to it.
     lock_acquisitions: Counter,
     insertions: Counter,
@@ -545,8 +564,17 @@ impl Mapping {
     /// [`OPTIMISTIC_MAX`] bytes) without taking a reference: see [`crate::mem::optimistic`].
     /// Tries a few times, then says [`Optimistic::Fallback`] so the caller takes the
     /// referenced path.
+    ///
+    /// `recent` is the folio the reader's last such read copied from: a read inside it starts
+    /// there, without walking the index. It is set to the folio this read copied from, or
+    /// cleared.
     #[inline]
-    pub(crate) fn read_optimistic(&self, pos: u64, dst: &mut [u8]) -> Optimistic {
+    pub(crate) fn read_optimistic(
+        &self,
+        pos: u64,
+        dst: &mut [u8],
+        recent: &mut Option<Recent>,
+    ) -> Optimistic {
         debug_assert!(dst.len() <= OPTIMISTIC_MAX);
         debug_assert_eq!(
             pos >> PAGE_SHIFT,
@@ -557,6 +585,26 @@ impl Mapping {
         let view = mem.view();
         // Taken before the lookup: a folio found from here on is not reused until it is dropped.
         let grace = mem.read_guard();
+        if let Some(hint) = *recent
+            && page.wrapping_sub(hint.first) < hint.pages
+        {
+            if let Some(peek) = view.peek_again(hint.pfn, hint.seq, (self.id, hint.first))
+                && peek.len() as u64 == hint.pages << PAGE_SHIFT
+                && view.peek_copy(
+                    &grace,
+                    &peek,
+                    (pos - (hint.first << PAGE_SHIFT)) as usize,
+                    dst,
+                )
+                && view.peek_valid_in(&peek, self.id)
+            {
+                let shard = grace.thread_slot();
+                drop(grace);
+                self.counters.recent_hits.add_in(shard, 1);
+                return Optimistic::Data;
+            }
+            *recent = None;
+        }
         let mut outcome = Optimistic::Fallback;
         let mut walks = 0;
         for _ in 0..HIT_TRIES {
@@ -583,6 +631,12 @@ impl Mapping {
                 && view.peek_valid(&peek)
             {
                 outcome = Optimistic::Data;
+                *recent = Some(Recent {
+                    pfn: id,
+                    seq: peek.seq(),
+                    first: found.first,
+                    pages: (peek.len() >> PAGE_SHIFT) as u64,
+                });
                 break;
             }
             self.counters.optimistic_retries.inc();
@@ -720,8 +774,10 @@ impl Mapping {
         // rest and then fails validation: no index slot holds the folio yet). Plain stores
         // then, as the kernel's `__folio_set_locked`; only the count needs an atomic add.
         debug_assert_eq!(desc.mapping.load(Ordering::Relaxed), 0);
-        desc.mapping.store(self.id, Ordering::Relaxed);
         desc.index.store(index, Ordering::Relaxed);
+        // Release: a reader that finds this id in the descriptor without the index (a reader's
+        // recent folio, `FolioView::peek_again`) sees the index stored with it.
+        desc.mapping.store(self.id, Ordering::Release);
         let flags = desc.flags.load(Ordering::Relaxed);
         debug_assert_eq!(flags & (flag::PUBLISHED | flag::LOCKED), 0);
         // Release: whoever finds the folio through the index (acquire) sees the fields.
@@ -1340,6 +1396,7 @@ impl Mapping {
             index_bytes: self.index.memory_bytes() as u64,
             optimistic_retries: self.counters.optimistic_retries.get(),
             unreferenced_hits: self.counters.unreferenced_hits.get(),
+            recent_hits: self.counters.recent_hits.get(),
             dirty_pages: self.dirty_pages(),
             writeback_pages: self.writeback_pages(),
         }

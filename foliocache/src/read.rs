@@ -25,7 +25,7 @@
 use crate::error::Error;
 use crate::inode::{DiskSource, Inode};
 use crate::io::ReadRequest;
-use crate::mapping::{BatchEnd, FolioBatch, Mapping, OPTIMISTIC_MAX, Optimistic};
+use crate::mapping::{BatchEnd, FolioBatch, Mapping, OPTIMISTIC_MAX, Optimistic, Recent};
 use crate::mem::{FolioRef, LockedFolio, PAGE_SHIFT, PAGE_SIZE, flag};
 use crate::policy::{Policy, ReadPolicy, SmallReadPolicy};
 use crate::readahead::{self, RaState};
@@ -54,6 +54,7 @@ pub(crate) fn read_at(
     buf: &mut [u8],
     pos: u64,
     ahead: bool,
+    recent: &mut Option<Recent>,
 ) -> Result<usize, Error> {
     let mapping = &file.mapping;
     let size = mapping.size();
@@ -66,7 +67,7 @@ pub(crate) fn read_at(
         && len <= SMALL_READ_MAX
         && pos >> PAGE_SHIFT == (pos + len as u64 - 1) >> PAGE_SHIFT
     {
-        match mapping.read_optimistic(pos, buf) {
+        match mapping.read_optimistic(pos, buf, recent) {
             Optimistic::Data => return Ok(len),
             // A memory file: a hole or a fallocated folio reads as zeros.
             Optimistic::Gap => {

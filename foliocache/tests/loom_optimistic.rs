@@ -141,3 +141,45 @@ fn per_folio_read_vs_copy_on_write_never_reads_a_hole() {
 fn batched_read_vs_copy_on_write_never_reads_a_hole() {
     read_vs_copy_on_write(foliocache::ReadPolicy::Batched);
 }
+
+/// A reader's second small read starts from the folio its first one copied from (the handle's
+/// recent folio), which it did not find in the index under this read's pin. Meanwhile page 0
+/// of A is punched and its block taken again: by file B (`foreign`), filled with 0xBB, or by A
+/// itself at the same page, filled with 0xCC (a new life of the same block at the same place,
+/// which only its `seq` tells from the old one). The second read must get A's old bytes, zeros
+/// or A's new bytes: never B's, never a mix.
+fn recent_folio_vs_reuse(foreign: bool) {
+    loom::model(move || {
+        let (_cache, a, b) = setup();
+        let mut handle = a.handle();
+        let mut buf = [0x11u8; 64];
+        assert_eq!(handle.read_at(&mut buf, 100).unwrap(), 64);
+        assert!(buf.iter().all(|&b| b == 0xAA));
+        let r = thread::spawn(move || {
+            let mut buf = [0x11u8; 64];
+            let n = handle.read_at(&mut buf, 200).unwrap();
+            let got = &buf[..n];
+            assert!(
+                [0xAA, 0, 0xCC].iter().any(|&v| got.iter().all(|&b| b == v)),
+                "read {got:x?}"
+            );
+        });
+        a.punch_hole(0, 4096).unwrap();
+        if foreign {
+            b.write_at(&[0xBB; 4096], 0).unwrap();
+        } else {
+            a.write_at(&[0xCC; 4096], 0).unwrap();
+        }
+        r.join().unwrap();
+    });
+}
+
+#[test]
+fn optimistic_read_from_the_recent_folio_vs_reuse_by_another_file() {
+    recent_folio_vs_reuse(true);
+}
+
+#[test]
+fn optimistic_read_from_the_recent_folio_vs_reuse_at_the_same_page() {
+    recent_folio_vs_reuse(false);
+}

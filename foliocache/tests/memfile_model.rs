@@ -100,6 +100,27 @@ fn check(file: &File, model: &[u8], context: &str) {
     assert!(run.to_vec() == model, "{context}: read_folios differs");
 }
 
+/// Where the small-read probes read (64 bytes each): page 0, inside the first large folio,
+/// and further out.
+const PROBES: [u64; 4] = [0, 100, 3 * 4096 + 10, (1 << 20) + 4000];
+
+/// Small reads through handles kept across changes, one per probe position: each read after
+/// the first may start from the folio its handle read last (the handle's recent folio), which
+/// the change may have replaced, punched or truncated. Every read must match the model.
+fn check_probes(probes: &mut [foliocache::Handle], model: &[u8], context: &str) {
+    for (handle, &pos) in probes.iter_mut().zip(&PROBES) {
+        // Twice: the second read of an unchanged folio starts from it.
+        for _ in 0..2 {
+            let mut buf = [0xEEu8; 64];
+            let n = handle.read_at(&mut buf, pos).unwrap();
+            let want = model
+                .get(pos as usize..)
+                .map_or(&[][..], |rest| &rest[..rest.len().min(64)]);
+            assert_eq!(&buf[..n], want, "{context}: 64 bytes at {pos}");
+        }
+    }
+}
+
 fn build(max_order: u8, pages: u64, read: ReadPolicy) -> (Cache, File) {
     let cache = Cache::builder()
         .arena_pages(pages as usize)
@@ -130,11 +151,13 @@ proptest! {
         let (_per_folio_cache, per_folio) = build(max_order, pages, ReadPolicy::PerFolio);
         let mut model = Vec::new();
         let mut model2 = Vec::new();
+        let mut probes: Vec<_> = PROBES.iter().map(|_| batched.handle()).collect();
         for (k, op) in ops.iter().enumerate() {
             apply(&batched, &mut model, op);
             apply(&per_folio, &mut model2, op);
             check(&batched, &model, &format!("batched, op {k} {op:?}"));
             check(&per_folio, &model2, &format!("per-folio, op {k} {op:?}"));
+            check_probes(&mut probes, &model, &format!("probes, op {k} {op:?}"));
         }
         // Random reads: both policies agree byte for byte, with each other and the model.
         for (pos, len) in reads {
@@ -245,4 +268,82 @@ fn bad_input_is_an_error() {
     ));
     assert_eq!(file.write_at(&[], 123).unwrap(), 0);
     assert_eq!(file.size(), 0, "an empty write does not extend the file");
+}
+
+/// A handle's small reads inside the folio its last one copied from skip the index walk (the
+/// handle's recent folio), and every change to that folio is seen by the next read: a write
+/// (a new folio in its place), a hole, a truncation, the page written again, a block reused by
+/// another file.
+#[test]
+fn small_reads_start_from_the_recent_folio_and_see_every_change() {
+    for max_order in [0u8, 9] {
+        let (cache, file) = build(max_order, 2048, ReadPolicy::Batched);
+        let other = cache.create_memory_file(0).unwrap();
+        let page = |seed: u8| vec![seed; 8192];
+        file.write_at(&page(1), 0).unwrap();
+        let mut handle = file.handle();
+        let read = |handle: &mut foliocache::Handle, pos: u64| {
+            let mut buf = [0xEEu8; 64];
+            let n = handle.read_at(&mut buf, pos).unwrap();
+            buf[..n].to_vec()
+        };
+        assert_eq!(read(&mut handle, 10), vec![1; 64]);
+        let walks = file.mapping_stats().index_walks;
+        let hits = file.mapping_stats().recent_hits;
+        assert_eq!(read(&mut handle, 200), vec![1; 64]);
+        assert_eq!(read(&mut handle, 4000), vec![1; 64]);
+        assert_eq!(file.mapping_stats().index_walks, walks, "order {max_order}");
+        assert_eq!(file.mapping_stats().recent_hits - hits, 2);
+        // Page 1: the same folio only if folios are large.
+        assert_eq!(read(&mut handle, 4096 + 8), vec![1; 64]);
+        let walked = file.mapping_stats().index_walks - walks;
+        assert_eq!(walked, u64::from(max_order == 0), "order {max_order}");
+
+        let steps: [(&str, &dyn Fn(), u8); 5] = [
+            (
+                "a write",
+                &|| assert_eq!(file.write_at(&[2; 100], 4096).unwrap(), 100),
+                2,
+            ),
+            ("a hole", &|| file.punch_hole(4096, 4096).unwrap(), 0),
+            (
+                "the page written again",
+                &|| assert_eq!(file.write_at(&page(3)[..4096], 4096).unwrap(), 4096),
+                3,
+            ),
+            (
+                "the block reused by another file",
+                &|| {
+                    file.punch_hole(0, 8192).unwrap();
+                    other.write_at(&page(9), 0).unwrap();
+                },
+                0,
+            ),
+            (
+                "the file written again",
+                &|| assert_eq!(file.write_at(&page(4), 0).unwrap(), 8192),
+                4,
+            ),
+        ];
+        for (what, change, want) in steps {
+            // Read once more, so the handle's recent folio is the one at page 1.
+            read(&mut handle, 4096 + 8);
+            let hits = file.mapping_stats().recent_hits;
+            change();
+            assert_eq!(
+                read(&mut handle, 4096 + 8),
+                vec![want; 64],
+                "after {what}, order {max_order}"
+            );
+            assert_eq!(
+                file.mapping_stats().recent_hits,
+                hits,
+                "a changed folio is not read again"
+            );
+        }
+        file.set_len(4096 + 4).unwrap();
+        assert_eq!(read(&mut handle, 4096), vec![4; 4], "after a truncation");
+        file.set_len(0).unwrap();
+        assert_eq!(read(&mut handle, 4096), Vec::<u8>::new(), "past the end");
+    }
 }

@@ -6,6 +6,8 @@
 //! `(file, page, generation)` repeated, or zeros). A small read must return, byte for byte,
 //! part of one version of its page that was current at some moment of the read, or be short
 //! at end of file: never a stale version, another file's or another page's bytes, never a mix.
+//! Half the reads go back to their handle's last page, so many start from the folio the
+//! handle's last read copied from rather than from the index.
 //!
 //! Duration: `FOLIOCACHE_STRESS_SECS` seconds per folio-order setting (default 2, halved),
 //! under a deadline.
@@ -77,9 +79,17 @@ fn run(max_order: u8) {
                 let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
                 let mut handles = [files[0].handle(), files[1].handle()];
                 let mut buf = [0u8; 256];
+                let mut last = [0u64; 2];
                 while !stop.load(Ordering::Relaxed) {
                     let k = rng.below(2) as usize;
-                    let page = rng.below(PAGES);
+                    // Half the reads go back to the handle's last page: they start from the
+                    // folio its last read copied from (the handle's recent folio).
+                    let page = if rng.below(2) == 0 {
+                        last[k]
+                    } else {
+                        rng.below(PAGES)
+                    };
+                    last[k] = page;
                     let offset = rng.below(PAGE_SIZE as u64 - 1);
                     let len = 1 + rng.below(256.min(PAGE_SIZE as u64 - offset)) as usize;
                     let pos = page * PAGE_SIZE as u64 + offset;
@@ -168,12 +178,14 @@ fn run(max_order: u8) {
         .iter()
         .map(|f| f.mapping_stats().optimistic_retries)
         .sum();
+    let recent: u64 = files.iter().map(|f| f.mapping_stats().recent_hits).sum();
     eprintln!(
-        "order {max_order}: {changes} changes, {} small reads ({} with data), {retries} optimistic retries",
+        "order {max_order}: {changes} changes, {} small reads ({} with data, {recent} from the recent folio), {retries} optimistic retries",
         reads.load(Ordering::Relaxed),
         nonzero.load(Ordering::Relaxed)
     );
     assert!(nonzero.load(Ordering::Relaxed) > 0, "no read returned data");
+    assert!(recent > 0, "no read started from its handle's recent folio");
     drop(files);
     foliocache::raw::drain_cpu_caches(&cache);
     assert_eq!(cache.stats().free_pages, 3 * PAGES, "every folio was freed");

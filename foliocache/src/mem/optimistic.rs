@@ -25,6 +25,43 @@
 //! frozen check are belt and braces: they would catch a reuse even if some future path freed a
 //! published folio without a grace period. The loom models in `tests/loom_optimistic.rs` check
 //! the whole protocol, and fail when grace periods are taken away.
+//!
+//! # A reader's recent folio
+//!
+//! A handle remembers the folio its last optimistic small read of a memory file copied from
+//! (`mapping::Recent`: its block, its life `seq`, its pages in the file), and its next small
+//! read inside those pages starts from that folio rather than from the index walk: a program
+//! that reads a page in small pieces, or one record again and again (seed 002's benchmark),
+//! walks the index once per folio. This folio was not found in an index under the current
+//! pin, so the slot re-check cannot be the proof. The descriptor's `mapping` takes its place:
+//! [`FolioView::peek_again`] loads it (acquire) before `index` and `seq`, and goes on only if
+//! the folio is still at the hint's page of the reader's mapping and `seq` is still the life
+//! the hint was taken in; after the copy, [`FolioView::peek_valid_in`] checks `mapping` and
+//! `seq` again.
+//!
+//! - **Why the copy is sound.** A folio's `mapping` is set once per life, before it goes into
+//!   an index, and set to 0 (release) right after it leaves the index, under the mapping's
+//!   lock, before it can be freed. If the free's grace period did not wait for this pin, the
+//!   epoch's guarantee makes everything before that free visible after the pin: the load of
+//!   `mapping` then reads 0, or the id a later life stored. A later life's id is stored after
+//!   its `seq` bump and the release fence behind it (`Memory::new_life`), so reading that id
+//!   (acquire) makes the bump visible and the `seq` check fails. Either way nothing is copied
+//!   from memory that could be handed out during the pin.
+//! - **Why the result is right.** A `mapping` that still names the file, in the same life,
+//!   means the folio was in the file's index when it was loaded, or had just left it inside a
+//!   change that has not returned yet (the slot store and the clearing of `mapping` share one
+//!   hold of the lock). Its bytes do not change in a life while it is uptodate, so the copy is
+//!   the page's bytes at that moment. The read also checks that the folio's length is the one
+//!   the hint was taken with, so a hint never reaches past its folio.
+//! - **If `seq` wraps.** It is 32 bits: a block freed and reallocated a multiple of 2^32
+//!   times while a handle sits between two reads would pass for its old life if it went into
+//!   the same file again. The `index` check (the id is stored with release after it) keeps
+//!   even that read right: the folio is then at the hint's page, in the file's index, and its
+//!   bytes are that page's.
+//!
+//! A hint that fails is dropped and the read walks the index as any other. The loom models
+//! `optimistic_read_from_the_recent_folio_vs_reuse_*` in `tests/loom_optimistic.rs` check the
+//! protocol against a block taken by another file and by the same page in a new life.
 
 use super::folio::{FolioDesc, PREFETCH_MAX, prefetch};
 use super::refcount::RefcountPolicy;
@@ -47,6 +84,16 @@ impl Peek {
     /// mark: the owner must see those reads).
     pub(crate) fn flags(&self) -> u32 {
         self.flags
+    }
+
+    /// The life of the folio the read began on (its descriptor's `seq`).
+    pub(crate) fn seq(&self) -> u32 {
+        self.seq
+    }
+
+    /// The folio's length in bytes when the read began.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 }
 
@@ -169,6 +216,42 @@ impl<'a> FolioView<'a> {
         desc.seq.load(Ordering::Relaxed) == peek.seq
             && !desc.refcount.is_frozen(self.policy)
             && desc.flags.load(Ordering::Relaxed) & super::flag::UPTODATE != 0
+    }
+
+    /// Starts an optimistic read of folio `pfn` that an earlier read, under another pin, found
+    /// at page `index` of mapping `mapping` in life `seq` (a handle's recent folio, see the
+    /// module documentation): `None` unless it is still there, in that life, uptodate and not
+    /// frozen.
+    #[inline]
+    pub(crate) fn peek_again(
+        &self,
+        pfn: u32,
+        seq: u32,
+        (mapping, index): (u64, u64),
+    ) -> Option<Peek> {
+        let desc = self.table.get(pfn as usize)?;
+        // Acquire, and before the rest: an id stored by a later life's insertion (release)
+        // comes after that life's index and its `seq` bump (and the release fence behind it,
+        // `Memory::new_life`), so reading that id makes both visible to the loads below.
+        if mapping == 0
+            || desc.mapping.load(Ordering::Acquire) != mapping
+            || desc.index.load(Ordering::Relaxed) != index
+        {
+            return None;
+        }
+        self.peek_begin(pfn).filter(|peek| peek.seq == seq)
+    }
+
+    /// [`peek_valid`](Self::peek_valid) for a read begun with [`peek_again`](Self::peek_again):
+    /// also still in mapping `mapping` after the copy.
+    #[inline]
+    pub(crate) fn peek_valid_in(&self, peek: &Peek, mapping: u64) -> bool {
+        // `peek_valid`'s acquire fence orders the copy's loads before this one.
+        self.peek_valid(peek)
+            && self
+                .table
+                .get(peek.pfn as usize)
+                .is_some_and(|desc| desc.mapping.load(Ordering::Relaxed) == mapping)
     }
 
     /// Records an access for reclaim, as a private cache's hit does (`reclaim::mark_accessed`):
