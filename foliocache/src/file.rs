@@ -131,7 +131,7 @@ pub struct Handle {
     wb_since: u32,
     /// This writer's sequential stream, for write-behind.
     stream: Stream,
-    /// The folio this reader's last optimistic small read copied from (a memory file).
+    /// The folio this reader's last optimistic small read copied from last.
     recent: Option<Recent>,
 }
 
@@ -1123,7 +1123,13 @@ impl Handle {
             Repr::Client(client) => return client.read_at(&mut self.ra, buf, pos),
         };
         if inner.disk().is_some() {
-            return read::read_disk_with(inner, &self.policy, &mut self.ra, buf, pos);
+            return read::read_disk_with(
+                inner,
+                (&self.policy, &mut self.recent),
+                &mut self.ra,
+                buf,
+                pos,
+            );
         }
         let n = read::read_at(
             inner,

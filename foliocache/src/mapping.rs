@@ -132,7 +132,8 @@ pub(crate) struct Recent {
 /// folio, without taking a reference, up to the first page it cannot serve this way: one not
 /// cached, not uptodate, carrying the READAHEAD mark (the referenced path must see that read
 /// to start the next window), or changing under the copy more than [`HIT_TRIES`] times.
-/// Returns the bytes copied, the folios they came from and the index walks it took. Each
+/// Returns the bytes copied, the folios they came from, the index walks it took and the last
+/// folio it copied from (a reader's next recent folio, see [`Recent`]). Each
 /// folio copied is validated (its sequence word and its slot, as
 /// [`Mapping::read_optimistic`]) and then marked accessed for reclaim, except the first when
 /// it covers byte `unmarked` (a read that continues in the folio the previous one ended in,
@@ -154,10 +155,11 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
     dst: &mut [u8],
     unmarked: Option<u64>,
     ahead: bool,
-) -> (usize, u64, u64) {
+) -> (usize, u64, u64, Option<Recent>) {
     let mut cursor = index.cursor_under(pin);
     let mut done = 0usize;
     let mut folios = 0;
+    let mut last = None;
     let mut entry = cursor.load(pos >> PAGE_SHIFT);
     while done < dst.len() {
         let at = pos + done as u64;
@@ -213,6 +215,12 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
                 if done > 0 || !unmarked.is_some_and(|byte| byte >= first && byte < first + len) {
                     view.mark_accessed(&peek);
                 }
+                last = Some(Recent {
+                    pfn: id,
+                    seq: peek.seq(),
+                    first: cursor.first(),
+                    pages: 1 << order,
+                });
                 copied = true;
                 break;
             }
@@ -226,7 +234,7 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
             entry = cursor.load_next();
         }
     }
-    (done, folios, cursor.walks())
+    (done, folios, cursor.walks(), last)
 }
 
 /// The outcome of [`Mapping::read_optimistic`].
@@ -310,8 +318,9 @@ pub struct MappingStats {
     /// at most [`HIT_READ_MAX`](crate::HIT_READ_MAX) bytes, under
     /// [`SmallReadPolicy::Optimistic`](crate::SmallReadPolicy::Optimistic)).
     pub unreferenced_hits: u64,
-    /// Optimistic small reads of a memory file served from the folio the same handle's last
-    /// one copied from, without an index walk (not counted in `lookups`).
+    /// Optimistic small reads served from the folio the same handle's last one copied from,
+    /// without an index walk (not counted in `lookups`; for a file from storage, counted in
+    /// `unreferenced_hits` too).
     pub recent_hits: u64,
 }
 
@@ -650,20 +659,57 @@ impl Mapping {
 
     /// [`copy_hits`] on this mapping, under a read guard of its cache's memory: what a read of
     /// a file from storage copies before it needs a reference.
+    ///
+    /// `recent` is the folio the reader's last such read copied from last: a read that starts
+    /// and ends inside it (before its end, where the walk would prefetch the next folio) is
+    /// copied from it without walking the index, as [`Mapping::read_optimistic`] does. It is
+    /// set to the last folio this read copied from, or cleared.
     pub(crate) fn copy_hits(
         &self,
         pos: u64,
         dst: &mut [u8],
-        unmarked: Option<u64>,
-        ahead: bool,
+        (unmarked, ahead): (Option<u64>, bool),
+        recent: &mut Option<Recent>,
     ) -> usize {
         let mem = self.mem();
         let view = mem.view();
         let grace = mem.read_guard();
-        let (done, folios, walks) =
+        if let Some(hint) = *recent
+            && (pos >> PAGE_SHIFT).wrapping_sub(hint.first) < hint.pages
+        {
+            let first = hint.first << PAGE_SHIFT;
+            let len = hint.pages << PAGE_SHIFT;
+            let offset = (pos - first) as usize;
+            let n = dst.len();
+            if (offset + n) as u64 >= len {
+                // The read reaches the folio's end: the walk goes on or prefetches the next one.
+            } else if let Some(peek) = view.peek_again(hint.pfn, hint.seq, (self.id, hint.first))
+                && peek.len() as u64 == len
+                && peek.flags() & flag::READAHEAD == 0
+                && view.peek_copy(&grace, &peek, offset, dst)
+                && view.peek_valid_in(&peek, self.id)
+            {
+                if !unmarked.is_some_and(|byte| byte >= first && byte < first + len) {
+                    view.mark_accessed(&peek);
+                }
+                if ahead {
+                    // As the walk does for a sequential reader whose read ends in its folio.
+                    view.prefetch(hint.pfn, offset + n, n.min(len as usize - offset - n));
+                }
+                let shard = grace.thread_slot();
+                drop(grace);
+                self.counters.recent_hits.add_in(shard, 1);
+                self.counters.unreferenced_hits.add_in(shard, 1);
+                return n;
+            } else {
+                *recent = None;
+            }
+        }
+        let (done, folios, walks, last) =
             copy_hits(&self.index, &view, &grace, pos, dst, unmarked, ahead);
         let shard = grace.thread_slot();
         drop(grace);
+        *recent = last;
         self.counters.lookups.add_in(shard, 1);
         self.counters.index_walks.add_in(shard, walks);
         self.counters.unreferenced_hits.add_in(shard, folios);

@@ -401,7 +401,7 @@ pub const HIT_READ_MAX: usize = 16 << 10;
 /// under the copy), so what a read does to readahead and reclaim is the same either way.
 pub(crate) fn read_disk_with(
     file: &Arc<Inode>,
-    policy: &Policy,
+    (policy, recent): (&Policy, &mut Option<Recent>),
     ra: &mut RaState,
     buf: &mut [u8],
     pos: u64,
@@ -418,7 +418,7 @@ pub(crate) fn read_disk_with(
         let sequential = ra.prev_pos == pos as i64;
         done = file
             .mapping
-            .copy_hits(pos, &mut buf[..len], unmarked, sequential);
+            .copy_hits(pos, &mut buf[..len], (unmarked, sequential), recent);
         if done > 0 {
             ra.prev_pos = (pos + done as u64) as i64;
         }

@@ -666,11 +666,14 @@ fn the_hit_path_leaves_what_the_referenced_path_leaves() {
                 .map(|i| mapping.lookup(i).map(|f| (f.index(), f.order(), f.flags())))
                 .collect();
             let hits = file.mapping_stats().unreferenced_hits;
+            let recent = file.mapping_stats().recent_hits;
             match small_read {
                 SmallReadPolicy::Optimistic => {
                     assert!(hits > 20, "{hits} hits without a reference");
+                    // Reads inside the folio the last one copied from start from it.
+                    assert!(recent > 0, "{recent} from the recent folio");
                 }
-                SmallReadPolicy::Refcounted => assert_eq!(hits, 0),
+                SmallReadPolicy::Refcounted => assert_eq!((hits, recent), (0, 0)),
             }
             seen.push((states, file.readahead_stats(), cached(&file), flags));
         }

@@ -85,6 +85,8 @@ fn run(kind: EngineKind, path: &Path, seed: u64) {
     let deadline = Instant::now() + common::stress_duration();
     let mut ops = 0u64;
     let mut syncs = 0u64;
+    let mut spot = 0u64;
+    let mut recent_hits = 0u64;
     let trace = std::env::var_os("FOLIOCACHE_TRACE").is_some();
     while Instant::now() < deadline {
         ops += 1;
@@ -120,10 +122,23 @@ fn run(kind: EngineKind, path: &Path, seed: u64) {
                 model[pos as usize..end].copy_from_slice(&data);
                 assert_eq!(file.size(), model.len() as u64, "{what}: size after write");
             }
-            8..=11 => {
+            8 | 9 => {
                 let pos = rng.below(model.len() as u64 + 10_000);
                 let len = 1 + rng.below(200_000) as usize;
                 check_read(&mut handle, &model, pos, len, &what);
+            }
+            10 | 11 => {
+                // Small reads near one spot, which moves now and then: most start from the
+                // folio the handle's last read copied from, which the operations between
+                // them may have replaced, dropped or truncated.
+                if rng.below(8) == 0 {
+                    spot = rng.below(model.len() as u64 + 4096);
+                }
+                for _ in 0..4 {
+                    let pos = spot + rng.below(8192);
+                    let len = 1 + rng.below(2048) as usize;
+                    check_read(&mut handle, &model, pos, len, &what);
+                }
             }
             12 => {
                 let len = rng.below(MAX_SIZE);
@@ -164,6 +179,7 @@ fn run(kind: EngineKind, path: &Path, seed: u64) {
             }
             18 => {
                 // Close and reopen: the last holder writes the file back.
+                recent_hits += file.mapping_stats().recent_hits;
                 drop(handle);
                 drop(file);
                 check_storage(path, &model, &format!("{what}: after close"));
@@ -210,12 +226,17 @@ fn run(kind: EngineKind, path: &Path, seed: u64) {
     let mut whole = file.handle();
     check_read(&mut whole, &model, 0, model.len() + 1, "the final read");
     let stats = cache.stats();
+    recent_hits += file.mapping_stats().recent_hits;
     eprintln!(
-        "{kind:?} seed {seed}: {ops} operations, {syncs} syncs, {} pages written back, {} evicted",
+        "{kind:?} seed {seed}: {ops} operations, {syncs} syncs, {} pages written back, {} evicted, {recent_hits} small reads from the recent folio",
         stats.dirty.written_pages,
         cache.reclaim_stats().evicted_pages
     );
     assert!(stats.dirty.written_pages > 0);
+    assert!(
+        recent_hits > 0,
+        "no small read started from its recent folio"
+    );
 }
 
 #[test]

@@ -28,11 +28,14 @@
 //!
 //! # A reader's recent folio
 //!
-//! A handle remembers the folio its last optimistic small read of a memory file copied from
+//! A handle remembers the folio its last optimistic read copied from last
 //! (`mapping::Recent`: its block, its life `seq`, its pages in the file), and its next small
 //! read inside those pages starts from that folio rather than from the index walk: a program
-//! that reads a page in small pieces, or one record again and again (seed 002's benchmark),
-//! walks the index once per folio. This folio was not found in an index under the current
+//! that reads a page in small pieces, reads a large folio 4 KiB at a time, or reads one record
+//! again and again (seed 002's benchmark) walks the index once per folio. Memory files
+//! (`Mapping::read_optimistic`) and files from storage (`Mapping::copy_hits`, which also
+//! leaves a folio carrying the READAHEAD mark to the referenced path, and a read reaching the
+//! folio's end to the walk, which prefetches the next folio) both do it. This folio was not found in an index under the current
 //! pin, so the slot re-check cannot be the proof. The descriptor's `mapping` takes its place:
 //! [`FolioView::peek_again`] loads it (acquire) before `index` and `seq`, and goes on only if
 //! the folio is still at the hint's page of the reader's mapping and `seq` is still the life

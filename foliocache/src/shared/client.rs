@@ -1016,7 +1016,7 @@ impl ClientFile {
         let view = attachment.folio_view();
         // Taken before the lookup: nothing found from here on is reused until it is dropped.
         let pin = ExternalGuard::new(&t.pin, &attachment.map.live().epoch);
-        let (done, _, _) = crate::mapping::copy_hits(index, &view, &pin, pos, dst, None, ahead);
+        let (done, ..) = crate::mapping::copy_hits(index, &view, &pin, pos, dst, None, ahead);
         drop(pin);
         Ok(if done == 0 {
             Hit::Miss
