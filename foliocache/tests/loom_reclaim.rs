@@ -66,11 +66,21 @@ fn check_consistent(cache: &Cache, file: &File) {
 }
 
 /// The model runner: the setup (a real read through the read path) takes more scheduling
-/// branches than loom's default allows, though it runs on one thread.
+/// branches than loom's default allows, though it runs on one thread, and more stack than loom
+/// gives a model's first thread (the body runs on a thread with room, as in `loom_writeback`).
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    let f = std::sync::Arc::new(f);
     let mut builder = loom::model::Builder::new();
     builder.max_branches = 20_000;
-    builder.check(f);
+    builder.check(move || {
+        let f = std::sync::Arc::clone(&f);
+        thread::Builder::new()
+            .stack_size(4 << 20)
+            .spawn(move || f())
+            .unwrap()
+            .join()
+            .unwrap();
+    });
 }
 
 #[test]
