@@ -22,6 +22,7 @@
 
 use crate::error::Error;
 use crate::index::{Entry, Index, IndexView, IndexWriter, MAX_VALUE, Mark, RangeStop};
+use crate::mem::optimistic::{FolioView, Peek};
 use crate::mem::{FolioRef, LockedFolio, Memory, NewFolio, PAGE_SHIFT, flag};
 use crate::sync::Ordering;
 use crate::sync::unmodelled::{
@@ -128,6 +129,47 @@ pub(crate) struct Recent {
     pages: u64,
 }
 
+impl Recent {
+    /// Folio `pfn`, first page `first`, copied from under `peek`.
+    #[inline]
+    fn found(pfn: u32, peek: &Peek, first: u64) -> Self {
+        Self {
+            pfn,
+            seq: peek.seq(),
+            first,
+            pages: (peek.len() >> PAGE_SHIFT) as u64,
+        }
+    }
+
+    /// Whether page `page` lies in this folio.
+    #[inline]
+    fn covers(&self, page: u64) -> bool {
+        page.wrapping_sub(self.first) < self.pages
+    }
+
+    /// Copies `dst.len()` bytes at byte `pos` (inside this folio) out of it, if it is still
+    /// at its page of mapping `mapping` in the same life, does not carry any of `refuse`'s
+    /// flags, and stays so through the copy (see [`crate::mem::optimistic`], "A reader's
+    /// recent folio"). Returns the read's [`Peek`] when the bytes are good.
+    #[inline]
+    fn copy<P: crate::mem::optimistic::Pinned>(
+        &self,
+        (view, pin): (&FolioView<'_>, &P),
+        mapping: u64,
+        refuse: u32,
+        pos: u64,
+        dst: &mut [u8],
+    ) -> Option<Peek> {
+        let peek = view.peek_again(self.pfn, self.seq, (mapping, self.first))?;
+        let offset = (pos - (self.first << PAGE_SHIFT)) as usize;
+        (peek.len() as u64 == self.pages << PAGE_SHIFT
+            && peek.flags() & refuse == 0
+            && view.peek_copy(pin, &peek, offset, dst)
+            && view.peek_valid_in(&peek, mapping))
+        .then_some(peek)
+    }
+}
+
 /// Copies the cached bytes of `pos..pos + dst.len()` into `dst` from `pos` on, folio after
 /// folio, without taking a reference, up to the first page it cannot serve this way: one not
 /// cached, not uptodate, carrying the READAHEAD mark (the referenced path must see that read
@@ -215,12 +257,7 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
                 if done > 0 || !unmarked.is_some_and(|byte| byte >= first && byte < first + len) {
                     view.mark_accessed(&peek);
                 }
-                last = Some(Recent {
-                    pfn: id,
-                    seq: peek.seq(),
-                    first: cursor.first(),
-                    pages: 1 << order,
-                });
+                last = Some(Recent::found(id, &peek, cursor.first()));
                 copied = true;
                 break;
             }
@@ -595,18 +632,9 @@ impl Mapping {
         // Taken before the lookup: a folio found from here on is not reused until it is dropped.
         let grace = mem.read_guard();
         if let Some(hint) = *recent
-            && page.wrapping_sub(hint.first) < hint.pages
+            && hint.covers(page)
         {
-            if let Some(peek) = view.peek_again(hint.pfn, hint.seq, (self.id, hint.first))
-                && peek.len() as u64 == hint.pages << PAGE_SHIFT
-                && view.peek_copy(
-                    &grace,
-                    &peek,
-                    (pos - (hint.first << PAGE_SHIFT)) as usize,
-                    dst,
-                )
-                && view.peek_valid_in(&peek, self.id)
-            {
+            if hint.copy((&view, &grace), self.id, 0, pos, dst).is_some() {
                 let shard = grace.thread_slot();
                 drop(grace);
                 self.counters.recent_hits.add_in(shard, 1);
@@ -640,12 +668,7 @@ impl Mapping {
                 && view.peek_valid(&peek)
             {
                 outcome = Optimistic::Data;
-                *recent = Some(Recent {
-                    pfn: id,
-                    seq: peek.seq(),
-                    first: found.first,
-                    pages: (peek.len() >> PAGE_SHIFT) as u64,
-                });
+                *recent = Some(Recent::found(id, &peek, found.first));
                 break;
             }
             self.counters.optimistic_retries.inc();
@@ -675,7 +698,7 @@ impl Mapping {
         let view = mem.view();
         let grace = mem.read_guard();
         if let Some(hint) = *recent
-            && (pos >> PAGE_SHIFT).wrapping_sub(hint.first) < hint.pages
+            && hint.covers(pos >> PAGE_SHIFT)
         {
             let first = hint.first << PAGE_SHIFT;
             let len = hint.pages << PAGE_SHIFT;
@@ -683,11 +706,8 @@ impl Mapping {
             let n = dst.len();
             if (offset + n) as u64 >= len {
                 // The read reaches the folio's end: the walk goes on or prefetches the next one.
-            } else if let Some(peek) = view.peek_again(hint.pfn, hint.seq, (self.id, hint.first))
-                && peek.len() as u64 == len
-                && peek.flags() & flag::READAHEAD == 0
-                && view.peek_copy(&grace, &peek, offset, dst)
-                && view.peek_valid_in(&peek, self.id)
+            } else if let Some(peek) =
+                hint.copy((&view, &grace), self.id, flag::READAHEAD, pos, dst)
             {
                 if !unmarked.is_some_and(|byte| byte >= first && byte < first + len) {
                     view.mark_accessed(&peek);
