@@ -109,21 +109,68 @@ pub(crate) struct Memory {
     pub(crate) shared: Option<(Arc<shared::SharedMap>, Arc<nodes::ArenaNodes>)>,
 }
 
-/// The folio table: on the heap (a private cache) or in a shared cache's mapping.
+/// The folio table: on the heap (a small private cache), in huge pages of its own (a private
+/// cache whose arena asks for them), or in a shared cache's mapping.
 #[derive(Debug)]
 enum Table {
     Heap(Box<[FolioDesc]>),
+    /// `len` descriptors at the start of `memory`, which is aligned to a huge page and asked to
+    /// be backed by them: a random read's descriptor load then finds its translation among a
+    /// few TLB entries (`docs/BENCHMARKS.md`, "Where a random read's time goes").
+    #[cfg(not(loom))]
+    Huge {
+        memory: Arena,
+        len: usize,
+    },
     #[cfg(not(loom))]
     Shared(Arc<shared::SharedMap>),
 }
+
+/// The smallest folio table put in huge pages of its own (a cache of 128 MiB and more): its
+/// memory is rounded up to whole huge pages, so the rounding costs less than half the table.
+#[cfg(not(loom))]
+const HUGE_TABLE_MIN_BYTES: usize = 1 << 20;
 
 impl Table {
     fn descs(&self) -> &[FolioDesc] {
         match self {
             Self::Heap(table) => table,
             #[cfg(not(loom))]
+            // SAFETY: `huge` wrote `len` descriptors from the start of `memory`, which is
+            // aligned to a huge page (so to a descriptor) and lives as long as `self`;
+            // descriptors are only changed through their atomics.
+            Self::Huge { memory, len } => unsafe {
+                std::slice::from_raw_parts(memory.base().as_ptr().cast::<FolioDesc>(), *len)
+            },
+            #[cfg(not(loom))]
             Self::Shared(map) => map.table(),
         }
+    }
+
+    /// A table of `pages` free descriptors in huge pages of its own, or `None` when the
+    /// table is small ([`HUGE_TABLE_MIN_BYTES`]) or the memory cannot be mapped (the caller
+    /// then puts it on the heap).
+    #[cfg(not(loom))]
+    fn huge(pages: usize, policy: RefcountPolicy) -> Option<Self> {
+        let bytes = pages.checked_mul(std::mem::size_of::<FolioDesc>())?;
+        if bytes < HUGE_TABLE_MIN_BYTES {
+            return None;
+        }
+        let huge = PAGE_SIZE << MAX_ORDER;
+        let memory = Arena::new(
+            bytes.checked_next_multiple_of(huge)? / PAGE_SIZE,
+            huge,
+            true,
+        )
+        .ok()?;
+        let first = memory.base().as_ptr().cast::<FolioDesc>();
+        for pfn in 0..pages {
+            // SAFETY: descriptor `pfn` lies inside the mapping (`pages` descriptors fit in
+            // `bytes`), aligned (the mapping is aligned to a huge page and descriptors are
+            // packed), and nothing else refers to this fresh memory yet.
+            unsafe { first.add(pfn).write(FolioDesc::new(policy)) };
+        }
+        Some(Self::Huge { memory, len: pages })
     }
 }
 
@@ -186,13 +233,27 @@ impl Memory {
     ) -> Result<Self, Error> {
         let align = PAGE_SIZE << MAX_ORDER;
         let arena = Arena::new(pages, align, huge_pages)?;
-        let mut table = Vec::new();
-        table
-            .try_reserve_exact(pages)
-            .map_err(|_| Error::MetadataAlloc {
-                bytes: (pages * std::mem::size_of::<FolioDesc>()) as u64,
-            })?;
-        table.extend((0..pages).map(|_| FolioDesc::new(policy)));
+        #[cfg(not(loom))]
+        let huge_table = if huge_pages {
+            Table::huge(pages, policy)
+        } else {
+            None
+        };
+        #[cfg(loom)]
+        let huge_table = None;
+        let table = match huge_table {
+            Some(table) => table,
+            None => {
+                let mut table = Vec::new();
+                table
+                    .try_reserve_exact(pages)
+                    .map_err(|_| Error::MetadataAlloc {
+                        bytes: (pages * std::mem::size_of::<FolioDesc>()) as u64,
+                    })?;
+                table.extend((0..pages).map(|_| FolioDesc::new(policy)));
+                Table::Heap(table.into_boxed_slice())
+            }
+        };
         let buddy = std::sync::Arc::new(Buddy::new(pages, max_order)?);
         // No background thread under loom (its models run the memory on their own threads).
         let populator = (populate_ahead && cfg!(not(loom))).then(|| {
@@ -201,7 +262,7 @@ impl Memory {
         Ok(Self {
             populator,
             grace: Grace::new(buddy),
-            table: Table::Heap(table.into_boxed_slice()),
+            table,
             lru: Lru::new(pages)?,
             nodes: Arc::default(),
             reserve: IndexReserve {
@@ -580,5 +641,43 @@ mod tests {
         let err = filled(usize::MAX / 2, 0u32).unwrap_err();
         assert!(matches!(err, Error::MetadataAlloc { .. }), "{err}");
         assert_eq!(filled(3, 7u8).unwrap(), vec![7, 7, 7]);
+    }
+
+    /// The fields of every descriptor of `mem`, as plain values.
+    fn fields(mem: &Memory) -> Vec<(u32, u32, u32, u8, u64, u64)> {
+        mem.table
+            .descs()
+            .iter()
+            .map(|d| {
+                (
+                    d.refcount.raw(),
+                    d.flags.load(Ordering::Relaxed),
+                    d.seq.load(Ordering::Relaxed),
+                    d.order.load(Ordering::Relaxed),
+                    d.mapping.load(Ordering::Relaxed),
+                    d.index.load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+
+    /// A table of at least `HUGE_TABLE_MIN_BYTES` on a cache asking for huge pages gets memory
+    /// of its own, aligned to a huge page, holding the same free descriptors a heap table
+    /// starts with; a smaller one, or one of a cache without huge pages, stays on the heap.
+    #[test]
+    fn a_large_table_of_a_huge_page_cache_lives_in_huge_pages_of_its_own() {
+        let pages = HUGE_TABLE_MIN_BYTES / std::mem::size_of::<FolioDesc>();
+        for policy in [RefcountPolicy::FrozenBit, RefcountPolicy::Cas] {
+            let huge = Memory::new(pages, MAX_ORDER, true, policy, false, false).unwrap();
+            assert!(matches!(huge.table, Table::Huge { .. }));
+            assert_eq!(huge.table.descs().len(), pages);
+            let at = huge.table.descs().as_ptr() as usize;
+            assert_eq!(at % (PAGE_SIZE << MAX_ORDER), 0, "aligned to a huge page");
+            let heap = Memory::new(pages, MAX_ORDER, false, policy, false, false).unwrap();
+            assert!(matches!(heap.table, Table::Heap(_)));
+            assert_eq!(fields(&huge), fields(&heap), "the same free descriptors");
+            let small = Memory::new(pages - 1, MAX_ORDER, true, policy, false, false).unwrap();
+            assert!(matches!(small.table, Table::Heap(_)));
+        }
     }
 }
