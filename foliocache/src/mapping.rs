@@ -220,6 +220,13 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
         if n == 0 {
             break;
         }
+        if done == 0 {
+            // Ask for the bytes before the descriptor is loaded: on a random read both miss
+            // the CPU's caches, and the two misses then overlap instead of following each
+            // other (a later folio of the read was asked for while the one before it was
+            // copied, below).
+            view.prefetch(id, offset, n);
+        }
         if offset + n == len as usize && (done + n < dst.len() || ahead) {
             // The copy runs to this folio's end and the read (or, for a sequential reader,
             // the next one) goes on into the next folio: start bringing that one in now.
