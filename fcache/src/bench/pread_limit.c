@@ -1,11 +1,14 @@
 /*
  * The dbbench suite's `pread-limit`: a preload library for db_bench alone that serves RocksDB's
- * `pread` of its table files (`*.sst`, opened read-only) by copying out of a mapping of the
- * file, made and populated when the file is opened. A read then costs an array index and the
- * copy: no lookup in a cache, no reference, no system call. It is the least any cache behind
- * `pread` can cost (it must copy into RocksDB's buffer), measured in the same run as the
- * library and RocksDB's own mmap reads. It is not a cache: table files never change while
- * open, and everything else passes through.
+ * `pread` of its table files (`*.sst`, opened read-only) by copying out of a copy of the whole
+ * file, read when the file is opened into anonymous memory aligned to a huge page and asked to
+ * be backed by huge pages (`MADV_HUGEPAGE`), as the cache's arena is. A read then costs an array
+ * index and the copy: no lookup in a cache, no reference, no system call, and a source whose
+ * translations a few TLB entries hold (a mapping of the file itself would be of the kernel's
+ * 4 KiB pages, or of its large folios, depending on how they were read in). It is the least
+ * any cache behind `pread` can cost (it must copy into RocksDB's buffer), measured in the same
+ * run as the library and RocksDB's own mmap reads. It is not a cache: table files never change
+ * while open, and everything else passes through.
  *
  * FCACHE_PREAD_LIMIT_STATS=PATH: at exit, append "maps M preads P" (files mapped, and at least
  * P preads served) to PATH, so the suite can check that it served the reads it is credited
@@ -25,9 +28,13 @@
 
 #define MAX_FD 65536
 
+#define HUGE_PAGE (2UL << 20)
+
 struct mapped {
     const char *base; /* NULL: not served */
-    size_t len;
+    size_t len;       /* the file's bytes */
+    void *mapped;     /* what to unmap: `mapped_len` bytes */
+    size_t mapped_len;
 };
 
 static struct mapped table[MAX_FD];
@@ -53,24 +60,43 @@ static int is_table_file(const char *path, int flags)
 static void forget(int fd)
 {
     if (fd >= 0 && fd < MAX_FD && table[fd].base) {
-        munmap((void *)table[fd].base, table[fd].len);
+        munmap(table[fd].mapped, table[fd].mapped_len);
         table[fd].base = NULL;
     }
 }
 
 static void track(int fd, const char *path, int flags)
 {
+    static ssize_t (*real_pread)(int, void *, size_t, off_t);
     struct stat st;
-    void *base;
+    char *mapped, *base;
+    size_t len, mapped_len, done = 0;
     if (fd < 0 || fd >= MAX_FD || !is_table_file(path, flags))
         return;
     forget(fd);
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0)
         return;
-    base = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
-    if (base == MAP_FAILED)
+    if (!real_pread)
+        real_pread = next("pread");
+    len = (size_t)st.st_size;
+    /* Room to align the copy to a huge page, and whole huge pages after it. */
+    mapped_len = (len + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE + HUGE_PAGE;
+    mapped = mmap(NULL, mapped_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped == MAP_FAILED)
         return;
-    table[fd].len = (size_t)st.st_size;
+    base = (char *)(((unsigned long)mapped + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+    madvise(base, mapped_len - (size_t)(base - mapped), MADV_HUGEPAGE);
+    while (done < len) {
+        ssize_t n = real_pread(fd, base + done, len - done, (off_t)done);
+        if (n <= 0) {
+            munmap(mapped, mapped_len);
+            return;
+        }
+        done += (size_t)n;
+    }
+    table[fd].len = len;
+    table[fd].mapped = mapped;
+    table[fd].mapped_len = mapped_len;
     table[fd].base = base;
     __atomic_fetch_add(&maps, 1, __ATOMIC_RELAXED);
 }
