@@ -317,7 +317,19 @@ impl CacheBuilder {
                 {
                     return Err(Error::InvalidCapacity(self.capacity));
                 }
-                let pages = (self.capacity - FIXED_METADATA_BYTES) / per_page;
+                // A folio table in huge pages of its own is rounded up to whole huge pages:
+                // the budget pays for the rounding too. Each pass that does not fit lowers
+                // `pages`, and a small enough table has no rounding, so this ends.
+                let room = self.capacity - FIXED_METADATA_BYTES;
+                let mut pages = room / per_page;
+                loop {
+                    let rounding =
+                        crate::mem::table_rounding_bytes(pages as usize, self.huge_pages) as u64;
+                    if pages * per_page + rounding <= room {
+                        break;
+                    }
+                    pages = room.saturating_sub(rounding) / per_page;
+                }
                 (pages as usize, self.capacity, true)
             }
         };
@@ -563,7 +575,9 @@ pub struct Stats {
     /// Pages freed but waiting for optimistic readers that might still be copying them to
     /// finish (a grace period) before they can be allocated again.
     pub pending_free_pages: u64,
-    /// Bytes of folio descriptors (one per page).
+    /// Bytes of the folio table: one descriptor per page, and for a table in huge pages of
+    /// its own (a cache of 128 MiB or more that asks for huge pages) the rounding up to whole
+    /// huge pages.
     pub folio_table_bytes: u64,
     /// Bytes of the reclaim lists' links and the allocator's per-page words.
     pub list_and_allocator_bytes: u64,
@@ -946,8 +960,7 @@ impl Local {
             total_pages: mem.pages() as u64,
             free_pages: mem.free_pages() as u64,
             pending_free_pages: mem.pending_free_pages() as u64,
-            folio_table_bytes: (mem.pages() * std::mem::size_of::<crate::mem::folio::FolioDesc>())
-                as u64,
+            folio_table_bytes: mem.table_bytes() as u64,
             list_and_allocator_bytes: (mem.pages()
                 * (METADATA_BYTES_PER_PAGE - std::mem::size_of::<crate::mem::folio::FolioDesc>()))
                 as u64,

@@ -263,3 +263,27 @@ fn huge_pages_and_prefault_build() {
         "order-9 folios are 2 MiB aligned"
     );
 }
+
+/// A budget pays for everything the cache's memory takes: with huge pages (the default) a
+/// 1 GiB cache's folio table lives in huge pages of its own, and their rounding up comes out of
+/// the arena, so the accounted bytes still fit the budget.
+#[test]
+fn a_folio_table_in_huge_pages_is_paid_for_by_the_budget() {
+    let budget = 1u64 << 30;
+    let huge = Cache::builder().capacity(budget).build().unwrap().stats();
+    let small = Cache::builder()
+        .capacity(budget)
+        .huge_pages(false)
+        .build()
+        .unwrap()
+        .stats();
+    for stats in [&huge, &small] {
+        assert!(stats.accounted_bytes() <= budget, "{stats:?}");
+    }
+    assert_eq!(small.folio_table_bytes, small.total_pages * 32);
+    assert_eq!(huge.folio_table_bytes % (2 << 20), 0, "{huge:?}");
+    assert!(huge.folio_table_bytes > huge.total_pages * 32);
+    // The rounding (under 2 MiB) costs a few dozen pages of a quarter million.
+    assert!(huge.total_pages < small.total_pages, "{huge:?}");
+    assert!(small.total_pages - huge.total_pages < 512, "{huge:?}");
+}

@@ -127,9 +127,27 @@ enum Table {
 }
 
 /// The smallest folio table put in huge pages of its own (a cache of 128 MiB and more): its
-/// memory is rounded up to whole huge pages, so the rounding costs less than half the table.
+/// memory is rounded up to whole huge pages, so the rounding costs less than the table.
 #[cfg(not(loom))]
 const HUGE_TABLE_MIN_BYTES: usize = 1 << 20;
+
+#[cfg(not(loom))]
+const HUGE_PAGE_BYTES: usize = PAGE_SIZE << MAX_ORDER;
+
+/// The bytes a folio table of `pages` descriptors takes beyond the descriptors themselves: the
+/// rounding up to whole huge pages when it gets huge pages of its own (a cache that asks for
+/// huge pages, a table of at least [`HUGE_TABLE_MIN_BYTES`]), else 0. A budget pays for it.
+pub(crate) fn table_rounding_bytes(pages: usize, huge_pages: bool) -> usize {
+    #[cfg(not(loom))]
+    {
+        let bytes = pages.saturating_mul(std::mem::size_of::<FolioDesc>());
+        if huge_pages && bytes >= HUGE_TABLE_MIN_BYTES {
+            return bytes.next_multiple_of(HUGE_PAGE_BYTES) - bytes;
+        }
+    }
+    let _ = (pages, huge_pages);
+    0
+}
 
 impl Table {
     fn descs(&self) -> &[FolioDesc] {
@@ -156,10 +174,9 @@ impl Table {
         if bytes < HUGE_TABLE_MIN_BYTES {
             return None;
         }
-        let huge = PAGE_SIZE << MAX_ORDER;
         let memory = Arena::new(
-            bytes.checked_next_multiple_of(huge)? / PAGE_SIZE,
-            huge,
+            bytes.checked_next_multiple_of(HUGE_PAGE_BYTES)? / PAGE_SIZE,
+            HUGE_PAGE_BYTES,
             true,
         )
         .ok()?;
@@ -403,6 +420,17 @@ impl Memory {
         self.populator
             .as_ref()
             .map_or(0, populate::Populator::populated_blocks)
+    }
+
+    /// Bytes the folio table takes: its descriptors, and the rounding of a table in huge pages
+    /// of its own ([`table_rounding_bytes`]).
+    pub(crate) fn table_bytes(&self) -> usize {
+        let descs = std::mem::size_of_val(self.table.descs());
+        match &self.table {
+            #[cfg(not(loom))]
+            Table::Huge { .. } => descs.next_multiple_of(HUGE_PAGE_BYTES),
+            _ => descs,
+        }
     }
 
     pub(crate) fn desc(&self, pfn: u32) -> &FolioDesc {
@@ -672,12 +700,23 @@ mod tests {
             assert!(matches!(huge.table, Table::Huge { .. }));
             assert_eq!(huge.table.descs().len(), pages);
             let at = huge.table.descs().as_ptr() as usize;
-            assert_eq!(at % (PAGE_SIZE << MAX_ORDER), 0, "aligned to a huge page");
+            assert_eq!(at % HUGE_PAGE_BYTES, 0, "aligned to a huge page");
             let heap = Memory::new(pages, MAX_ORDER, false, policy, false, false).unwrap();
             assert!(matches!(heap.table, Table::Heap(_)));
             assert_eq!(fields(&huge), fields(&heap), "the same free descriptors");
+            assert_eq!(
+                huge.table_bytes(),
+                HUGE_PAGE_BYTES,
+                "rounded up to a huge page"
+            );
+            assert_eq!(
+                table_rounding_bytes(pages, true),
+                HUGE_PAGE_BYTES - HUGE_TABLE_MIN_BYTES
+            );
+            assert_eq!(table_rounding_bytes(pages, false), 0);
             let small = Memory::new(pages - 1, MAX_ORDER, true, policy, false, false).unwrap();
             assert!(matches!(small.table, Table::Heap(_)));
+            assert_eq!(table_rounding_bytes(pages - 1, true), 0);
         }
     }
 }
