@@ -21,8 +21,9 @@
 //!   reading the kernel's page cache through `mmap` (no system call and no copy per block, no
 //!   block buffer allocated or cached), a limit no cache behind `pread` reaches. And the limit
 //!   of a cache behind `pread`, `pread-limit`: RocksDB's reads of its table files served by a
-//!   copy out of a mapping populated when the file is opened (`pread_limit.c`, a preload
-//!   library for db_bench alone, built with the machine's C compiler when the suite starts):
+//!   copy out of the whole file, read into huge-page memory when the file is opened
+//!   (`pread_limit.c`, a preload library for db_bench alone, built with the machine's C
+//!   compiler when the suite starts):
 //!   what a `pread` costs when serving it costs nothing but the copy. Both limits are measured
 //!   in the warm cases only.
 //! * Metrics: `ops/s` as db_bench reports it (all threads), and `cpu_s`, user + system CPU
@@ -59,9 +60,9 @@ const SHARED: &str = "shared";
 /// (`--mmap_read=1`): no system call, no copy, and no block buffer to allocate or to put in
 /// the block cache. No cache behind `pread` can do better.
 const MMAP: &str = "kernel-mmap";
-/// The limit of a cache behind `pread`: each read of a table file is a copy out of a mapping
-/// (`pread_limit.c`), so RocksDB still allocates, fills and caches its block buffers, as it
-/// does through any `pread`.
+/// The limit of a cache behind `pread`: each read of a table file is a copy out of the file's
+/// bytes held in huge-page memory (`pread_limit.c`), so RocksDB still allocates, fills and
+/// caches its block buffers, as it does through any `pread`.
 const PREAD_LIMIT: &str = "pread-limit";
 /// The source of the `pread-limit` preload library.
 const PREAD_LIMIT_SOURCE: &str = include_str!("pread_limit.c");
@@ -1014,7 +1015,7 @@ fn limit_text(report: &Report, case: &str, system: &str) -> String {
         return String::new();
     };
     format!(
-        "; what bounds it: RocksDB served by a copy out of a mapping, a pread that costs \
+        "; what bounds it: RocksDB served by a copy out of memory, a pread that costs \
          nothing but the copy ({PREAD_LIMIT}), read at {limit:.2}× the kernel, about \
          {:.0}% of its mmap reads; {system} read at {:.0}% of that limit",
         of_mmap * 100.0,
@@ -1167,7 +1168,7 @@ mod tests {
     use super::{PreadLimit, System, is_result, outcome};
     use std::process::Command;
 
-    /// The pread limit serves a table file's reads from its mapping with the bytes the file
+    /// The pread limit serves a table file's reads from its copy with the bytes the file
     /// has (at the end, across it, past it), passes other files through, and counts what it
     /// served. A limit that answered wrong would inflate the figure it sets.
     #[test]
