@@ -134,16 +134,25 @@ const HUGE_TABLE_MIN_BYTES: usize = 1 << 20;
 #[cfg(not(loom))]
 const HUGE_PAGE_BYTES: usize = PAGE_SIZE << MAX_ORDER;
 
+/// The bytes a folio table of `pages` descriptors is mapped with when it gets huge pages of its
+/// own (a cache that asks for huge pages, a table of at least [`HUGE_TABLE_MIN_BYTES`]): the
+/// descriptors rounded up to whole huge pages. `None`: the table goes on the heap.
+#[cfg(not(loom))]
+fn huge_table_bytes(pages: usize, huge_pages: bool) -> Option<usize> {
+    let bytes = pages.checked_mul(std::mem::size_of::<FolioDesc>())?;
+    if !huge_pages || bytes < HUGE_TABLE_MIN_BYTES {
+        return None;
+    }
+    bytes.checked_next_multiple_of(HUGE_PAGE_BYTES)
+}
+
 /// The bytes a folio table of `pages` descriptors takes beyond the descriptors themselves: the
-/// rounding up to whole huge pages when it gets huge pages of its own (a cache that asks for
-/// huge pages, a table of at least [`HUGE_TABLE_MIN_BYTES`]), else 0. A budget pays for it.
+/// rounding of a table in huge pages of its own ([`huge_table_bytes`]), else 0. A budget pays
+/// for it.
 pub(crate) fn table_rounding_bytes(pages: usize, huge_pages: bool) -> usize {
     #[cfg(not(loom))]
-    {
-        let bytes = pages.saturating_mul(std::mem::size_of::<FolioDesc>());
-        if huge_pages && bytes >= HUGE_TABLE_MIN_BYTES {
-            return bytes.next_multiple_of(HUGE_PAGE_BYTES) - bytes;
-        }
+    if let Some(mapped) = huge_table_bytes(pages, huge_pages) {
+        return mapped - pages * std::mem::size_of::<FolioDesc>();
     }
     let _ = (pages, huge_pages);
     0
@@ -165,25 +174,17 @@ impl Table {
         }
     }
 
-    /// A table of `pages` free descriptors in huge pages of its own, or `None` when the
-    /// table is small ([`HUGE_TABLE_MIN_BYTES`]) or the memory cannot be mapped (the caller
-    /// then puts it on the heap).
+    /// A table of `pages` free descriptors in huge pages of its own, or `None` when it goes
+    /// on the heap ([`huge_table_bytes`]) or the memory cannot be mapped (the caller then puts
+    /// it on the heap).
     #[cfg(not(loom))]
-    fn huge(pages: usize, policy: RefcountPolicy) -> Option<Self> {
-        let bytes = pages.checked_mul(std::mem::size_of::<FolioDesc>())?;
-        if bytes < HUGE_TABLE_MIN_BYTES {
-            return None;
-        }
-        let memory = Arena::new(
-            bytes.checked_next_multiple_of(HUGE_PAGE_BYTES)? / PAGE_SIZE,
-            HUGE_PAGE_BYTES,
-            true,
-        )
-        .ok()?;
+    fn huge(pages: usize, huge_pages: bool, policy: RefcountPolicy) -> Option<Self> {
+        let mapped = huge_table_bytes(pages, huge_pages)?;
+        let memory = Arena::new(mapped / PAGE_SIZE, HUGE_PAGE_BYTES, true).ok()?;
         let first = memory.base().as_ptr().cast::<FolioDesc>();
         for pfn in 0..pages {
-            // SAFETY: descriptor `pfn` lies inside the mapping (`pages` descriptors fit in
-            // `bytes`), aligned (the mapping is aligned to a huge page and descriptors are
+            // SAFETY: descriptor `pfn` lies inside the mapping (`mapped` bytes hold `pages`
+            // descriptors), aligned (the mapping is aligned to a huge page and descriptors are
             // packed), and nothing else refers to this fresh memory yet.
             unsafe { first.add(pfn).write(FolioDesc::new(policy)) };
         }
@@ -251,11 +252,7 @@ impl Memory {
         let align = PAGE_SIZE << MAX_ORDER;
         let arena = Arena::new(pages, align, huge_pages)?;
         #[cfg(not(loom))]
-        let huge_table = if huge_pages {
-            Table::huge(pages, policy)
-        } else {
-            None
-        };
+        let huge_table = Table::huge(pages, huge_pages, policy);
         #[cfg(loom)]
         let huge_table = None;
         let table = match huge_table {
@@ -425,11 +422,10 @@ impl Memory {
     /// Bytes the folio table takes: its descriptors, and the rounding of a table in huge pages
     /// of its own ([`table_rounding_bytes`]).
     pub(crate) fn table_bytes(&self) -> usize {
-        let descs = std::mem::size_of_val(self.table.descs());
         match &self.table {
             #[cfg(not(loom))]
-            Table::Huge { .. } => descs.next_multiple_of(HUGE_PAGE_BYTES),
-            _ => descs,
+            Table::Huge { memory, .. } => memory.pages() * PAGE_SIZE,
+            _ => std::mem::size_of_val(self.table.descs()),
         }
     }
 
