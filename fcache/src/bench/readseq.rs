@@ -36,7 +36,10 @@
 //! pass starts from a cold cache, and this is checked, not assumed: foliocache's files hold no
 //! page and the kernel's `mincore` and `cachestat` show none, or the run fails. Every pass
 //! also records the process's CPU time per GiB read: when all systems reach the device, CPU is
-//! what differs. A second case runs the cache with a quarter of the data set as capacity
+//! what differs. And what the device saw of each pass, from its counters in sysfs (`stat` of
+//! the disk holding the files): the share of the pass with a read in flight, the mean request
+//! after the block layer merged them, and the mean number in flight. Those say whether a
+//! system left the device idle or gave it too little to do at once. A second case runs the cache with a quarter of the data set as capacity
 //! (eviction on).
 
 use super::BenchArgs;
@@ -83,14 +86,19 @@ struct Sizes {
     request_bytes: usize,
 }
 
-/// The kernel's maximum readahead window for the disk holding `dir`, in KiB (its
-/// `read_ahead_kb`), when sysfs tells.
-fn kernel_read_ahead_kb(dir: &Path) -> Option<u64> {
+/// The sysfs directory of the block device holding `dir` (`/sys/dev/block/MAJOR:MINOR`).
+fn block_dev_dir(dir: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(dir).ok()?.dev();
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    let base = format!("/sys/dev/block/{major}:{minor}");
+    Some(PathBuf::from(format!("/sys/dev/block/{major}:{minor}")))
+}
+
+/// The kernel's maximum readahead window for the disk holding `dir`, in KiB (its
+/// `read_ahead_kb`), when sysfs tells.
+fn kernel_read_ahead_kb(dir: &Path) -> Option<u64> {
+    let base = block_dev_dir(dir)?.display().to_string();
     // A partition's queue settings are its disk's.
     [
         format!("{base}/queue/read_ahead_kb"),
@@ -98,6 +106,80 @@ fn kernel_read_ahead_kb(dir: &Path) -> Option<u64> {
     ]
     .iter()
     .find_map(|path| std::fs::read_to_string(path).ok()?.trim().parse().ok())
+}
+
+/// The block device's read counters (`/sys/dev/block/M:m/stat`, the kernel's
+/// `Documentation/block/stat.rst`): what the device saw of a pass, whichever system issued it.
+#[derive(Debug, Clone, Copy)]
+struct DiskCounters {
+    /// Read requests completed, sectors read, and milliseconds reads spent in flight (summed
+    /// over requests: divided by the wall time, the mean number of reads in flight).
+    reads: u64,
+    sectors: u64,
+    read_ms: u64,
+    /// Milliseconds with at least one request in flight.
+    busy_ms: u64,
+}
+
+impl DiskCounters {
+    /// The counters now; `None` when the file is missing or not in the documented format.
+    fn read(stat: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(stat).ok()?;
+        let fields: Vec<u64> = text
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        // reads, merges, sectors, read ticks, writes, merges, sectors, write ticks, in flight,
+        // io ticks, ...
+        (fields.len() >= 11).then(|| Self {
+            reads: fields[0],
+            sectors: fields[2],
+            read_ms: fields[3],
+            busy_ms: fields[9],
+        })
+    }
+
+    /// What the device did between `self` and `later`, over a pass that read for `secs`
+    /// seconds. `None` when nothing was read (or the counters went back: a device reset).
+    fn during(self, later: Self, secs: f64) -> Option<DiskPass> {
+        let reads = later.reads.checked_sub(self.reads)?;
+        let sectors = later.sectors.checked_sub(self.sectors)?;
+        let read_ms = later.read_ms.checked_sub(self.read_ms)?;
+        let busy_ms = later.busy_ms.checked_sub(self.busy_ms)?;
+        if reads == 0 || secs <= 0.0 {
+            return None;
+        }
+        let ms = secs * 1e3;
+        Some(DiskPass {
+            // The counters tick in whole milliseconds: a pass a little shorter than its
+            // busy time reads as 100%.
+            busy: (busy_ms as f64 / ms).min(1.0),
+            request_kib: sectors as f64 * 512.0 / 1024.0 / reads as f64,
+            in_flight: read_ms as f64 / ms,
+        })
+    }
+}
+
+/// What the device saw of one pass.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct DiskPass {
+    /// The share of the pass's time with a request in flight.
+    busy: f64,
+    /// The mean read request, in KiB (after the block layer merged and split them).
+    request_kib: f64,
+    /// The mean number of reads in flight.
+    in_flight: f64,
+}
+
+impl DiskPass {
+    /// A placeholder that is never reported (figures are pushed only when every pass had
+    /// counters).
+    const NONE: Self = Self {
+        busy: f64::NAN,
+        request_kib: f64::NAN,
+        in_flight: f64::NAN,
+    };
 }
 
 /// The data files (deleted on drop).
@@ -293,6 +375,8 @@ struct Sample {
     latency_us: [f64; 3],
     /// CPU seconds the process used per GiB read.
     cpu_s_per_gib: f64,
+    /// What the device saw (when its counters can be read).
+    disk: Option<DiskPass>,
 }
 
 impl Sample {
@@ -304,6 +388,7 @@ impl Sample {
             mib_per_sec: done.bytes_per_sec / f64::from(1 << 20),
             latency_us: [q(0.50), q(0.75), q(0.99)],
             cpu_s_per_gib: cpu / gib,
+            disk: None,
         }
     }
 }
@@ -326,6 +411,9 @@ struct Data<'a> {
     /// One file per thread.
     paths: &'a [PathBuf],
     file_size: u64,
+    /// The counters of the device holding the files (`/sys/dev/block/M:m/stat`), when sysfs
+    /// has them.
+    disk_stat: Option<PathBuf>,
 }
 
 impl Data<'_> {
@@ -496,6 +584,7 @@ impl System for Device {
             mib_per_sec: rate / f64::from(1 << 20),
             latency_us: [f64::NAN; 3],
             cpu_s_per_gib: cpu / data.gib(),
+            disk: None,
         })
     }
 
@@ -597,7 +686,14 @@ fn measure_case(
 ) -> Result<(), String> {
     let rounds = interleaved(reps, systems.len(), bar, |k| {
         settle();
-        systems[k].pass(data)
+        let before = data.disk_stat.as_deref().and_then(DiskCounters::read);
+        let mut sample = systems[k].pass(data)?;
+        let after = data.disk_stat.as_deref().and_then(DiskCounters::read);
+        // The read phase's length, from the pass's own rate (the pass's preparation, making
+        // the system cold, reads nothing from the device).
+        let secs = data.bytes() as f64 / (sample.mib_per_sec * f64::from(1 << 20));
+        sample.disk = before.zip(after).and_then(|(b, a)| b.during(a, secs));
+        Ok(sample)
     })?;
     for (k, system) in systems.iter().enumerate() {
         let name = system.name();
@@ -608,6 +704,12 @@ fn measure_case(
         };
         push("MiB/s", &|s| s.mib_per_sec);
         push("cpu_s_per_GiB", &|s| s.cpu_s_per_gib);
+        if rounds.samples[k].iter().all(|s| s.disk.is_some()) {
+            let disk = |s: &Sample| s.disk.unwrap_or(DiskPass::NONE);
+            push("disk_busy_%", &|s| disk(s).busy * 100.0);
+            push("disk_request_KiB", &|s| disk(s).request_kib);
+            push("disk_reads_in_flight", &|s| disk(s).in_flight);
+        }
         if !system.records() {
             continue;
         }
@@ -697,6 +799,9 @@ fn open_files(cache: &Cache, paths: &[PathBuf]) -> Result<Vec<Vec<foliocache::Fi
 
 pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let dir = data_dir(args)?;
+    let disk_stat = block_dev_dir(&dir)
+        .map(|d| d.join("stat"))
+        .filter(|stat| DiskCounters::read(stat).is_some());
     // The same maximum window as the kernel uses on that disk, unless asked otherwise.
     let kernel_ra_kb = kernel_read_ahead_kb(&dir);
     let ra_kb = args.ra_kb.or(kernel_ra_kb).unwrap_or(2048);
@@ -775,6 +880,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         let data = Data {
             paths: &files.paths[..threads],
             file_size: sizes.file,
+            disk_stat: disk_stat.clone(),
         };
         // The device's best shape, swept once per thread count; the rotation then measures it
         // in every round beside the systems.
@@ -1130,6 +1236,24 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
             );
         }
     }
+    // What the device saw: the mean number of reads in flight (merged requests), which a
+    // cache reading ahead in the kernel's windows keeps at about two windows per reader, where
+    // the device's ceiling keeps its whole depth out.
+    let depth = |s: &str| report.figure(case, s, "disk_reads_in_flight");
+    if let (Some(x), Some(w)) = (depth(BATCHED), depth(WINDOWED)) {
+        let shown = |s: &str| value(depth(s), 1.0, "");
+        rows.push(
+            Row::new(
+                "000",
+                "device's reads in flight: batched vs kernel-windows copy",
+            )
+            .after(shown(BATCHED))
+            .kernel(shown(KERNEL))
+            .limit(value(depth(DEVICE), 1.0, "device"))
+            .ratio(Spread::single(x.median / w.median, Unit::Times))
+            .busy_from(&[Some(x), Some(w)]),
+        );
+    }
     // CPU per GiB, ratios of medians; the limit is device+copy's (the copy and the waits, no
     // cache at all).
     for (a, name) in [
@@ -1158,7 +1282,45 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
 
 #[cfg(test)]
 mod tests {
-    use super::DeviceWindows;
+    use super::{DeviceWindows, DiskCounters};
+
+    /// The device's counters as sysfs prints them, and what a pass reads from two of them:
+    /// a missing or malformed file gives none, counters that went back or read nothing give no
+    /// figures.
+    #[test]
+    fn disk_counters_read_sysfs_stat_and_give_a_pass_its_figures() {
+        let dir = std::env::temp_dir().join(format!("fcache-disk-stat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let stat = dir.join("stat");
+        let line = |reads: u64, sectors: u64, read_ms: u64, busy_ms: u64| {
+            format!(
+                "{reads:>8} 12 {sectors:>8} {read_ms:>8} 40 0 320 9 0 {busy_ms:>8} 999 0 0 0 0 3 1\n"
+            )
+        };
+        std::fs::write(&stat, line(100, 8_000, 50, 40)).unwrap();
+        let before = DiskCounters::read(&stat).unwrap();
+        // 64 requests of 4 MiB (8192 sectors each) in 0.1 s, 700 ms in flight in all, busy
+        // 95 ms of the 100.
+        std::fs::write(&stat, line(164, 8_000 + 64 * 8192, 750, 135)).unwrap();
+        let after = DiskCounters::read(&stat).unwrap();
+        let pass = before.during(after, 0.1).unwrap();
+        assert!((pass.busy - 0.95).abs() < 1e-9, "{pass:?}");
+        assert!((pass.request_kib - 4096.0).abs() < 1e-9, "{pass:?}");
+        assert!((pass.in_flight - 7.0).abs() < 1e-9, "{pass:?}");
+        // Busy longer than the pass (millisecond ticks) reads as 100%.
+        assert_eq!(before.during(after, 0.05).unwrap().busy, 1.0);
+        // Nothing read, counters that went back (a device reset), no time: no figures.
+        assert!(before.during(before, 0.1).is_none());
+        assert!(after.during(before, 0.1).is_none());
+        assert!(before.during(after, 0.0).is_none());
+        // Not the format: too few fields, or not numbers.
+        std::fs::write(&stat, "1 2 3\n").unwrap();
+        assert!(DiskCounters::read(&stat).is_none());
+        std::fs::write(&stat, line(1, 2, 3, 4).replace("12", "x")).unwrap();
+        assert!(DiskCounters::read(&stat).is_none());
+        assert!(DiskCounters::read(&dir.join("missing")).is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// Any request size and window the suite may be given become a shape O_DIRECT and
     /// `DirectStream::prepare_windowed` take: whole pages, a window of whole requests, 1 to
