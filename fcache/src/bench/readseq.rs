@@ -1059,7 +1059,13 @@ fn systems<'a>(
 
 /// The plots: every case but the sweep, one plot per metric (ops/s, MiB/s, CPU per GiB).
 fn plots(report: &mut Report) {
-    for metric in ["ops/s", "MiB/s", "cpu_s_per_GiB"] {
+    for metric in [
+        "ops/s",
+        "MiB/s",
+        "cpu_s_per_GiB",
+        "disk_busy_%",
+        "disk_reads_in_flight",
+    ] {
         let cases: Vec<String> = report
             .results
             .iter()
@@ -1078,8 +1084,22 @@ fn plots(report: &mut Report) {
                 1e3,
             ),
             "MiB/s" => ("readseq-mibs.svg", "MiB/s (all threads)", 1.0),
+            "disk_busy_%" => (
+                "readseq-disk-busy.svg",
+                "% of the pass with a read in flight at the device",
+                1.0,
+            ),
+            "disk_reads_in_flight" => (
+                "readseq-disk-depth.svg",
+                "mean reads in flight at the device (merged requests)",
+                1.0,
+            ),
             _ => ("readseq-cpu.svg", "CPU seconds per GiB read", 1.0),
         };
+        if cases.is_empty() {
+            // The device's counters were not readable: no figures, no plot.
+            continue;
+        }
         let groups = cases
             .iter()
             .map(|case| {
