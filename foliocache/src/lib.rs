@@ -90,6 +90,7 @@ pub use io::{
 };
 pub use mapping::MappingStats;
 pub use mem::epoch::{BARRIER_VAR as EPOCH_BARRIER_VAR, Barrier as EpochBarrier};
+pub use mem::folio::{SEQ_PREFETCH_VAR, sequential_prefetch};
 pub use mem::{FolioRef, MAX_ORDER, PAGE_SIZE};
 pub use memfile::MAX_FILE_SIZE;
 pub use policy::{

@@ -184,7 +184,11 @@ impl Recent {
 /// Before copying to a folio's end it prefetches the next folio when the read goes on into
 /// it, or, with `ahead` (a sequential reader), when the next read will: 4 KiB folios are
 /// seldom adjacent in the arena, and a copy that starts on a cold page waits for it. A
-/// sequential reader's read that ends inside its folio prefetches what follows it there.
+/// sequential reader's read that ends inside its folio prefetches what follows it there. A
+/// sequential reader prefetches nothing where [`sequential_prefetch`] is off (the copies of
+/// a stream then run faster alone).
+///
+/// [`sequential_prefetch`]: crate::mem::folio::sequential_prefetch
 ///
 /// The hit path of a file from storage: a private cache's read (`read::read_disk_with`) and a
 /// shared cache's client. `pin` must keep `index`'s nodes and `view`'s folios from reuse, and
@@ -198,6 +202,8 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
     unmarked: Option<u64>,
     ahead: bool,
 ) -> (usize, u64, u64, Option<Recent>) {
+    // A sequential reader prefetches only where the CPU gains by it (`sequential_prefetch`).
+    let prefetching = !ahead || crate::mem::folio::sequential_prefetch();
     let mut cursor = index.cursor_under(pin);
     let mut done = 0usize;
     let mut folios = 0;
@@ -220,14 +226,16 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
         if n == 0 {
             break;
         }
-        if done == 0 {
+        if done == 0 && prefetching {
             // Ask for the bytes before the descriptor is loaded: on a random read both miss
             // the CPU's caches, and the two misses then overlap instead of following each
             // other (a later folio of the read was asked for while the one before it was
             // copied, below).
             view.prefetch(id, offset, n);
         }
-        if offset + n == len as usize && (done + n < dst.len() || ahead) {
+        if !prefetching {
+            // A sequential reader on a CPU where its stream is best left to the CPU.
+        } else if offset + n == len as usize && (done + n < dst.len() || ahead) {
             // The copy runs to this folio's end and the read (or, for a sequential reader,
             // the next one) goes on into the next folio: start bringing that one in now.
             if let Some(Entry::Folio {
@@ -719,7 +727,7 @@ impl Mapping {
                 if !unmarked.is_some_and(|byte| byte >= first && byte < first + len) {
                     view.mark_accessed(&peek);
                 }
-                if ahead {
+                if ahead && crate::mem::folio::sequential_prefetch() {
                     // As the walk does for a sequential reader whose read ends in its folio.
                     view.prefetch(hint.pfn, offset + n, n.min(len as usize - offset - n));
                 }

@@ -132,7 +132,7 @@ fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64, ahead: bool) {
             Some((folio, bytes)) => {
                 let from = (pos - (folio.index() << PAGE_SHIFT)) as usize;
                 let to = from + buf.len();
-                if ahead {
+                if ahead && crate::mem::folio::sequential_prefetch() {
                     // Where the next read will start, if it does where this one ends: in
                     // this folio, or at the start of the next one.
                     if to < bytes.len() {

@@ -28,11 +28,15 @@ pub(crate) struct ResultFile {
 }
 
 /// What a comparison says of each side's host: how its epoch pins ordered themselves (a
-/// setting, `FOLIOCACHE_EPOCH_BARRIER`, that changes every figure of a hit).
+/// setting, `FOLIOCACHE_EPOCH_BARRIER`, that changes every figure of a hit), and whether its
+/// sequential readers prefetched (`FOLIOCACHE_SEQ_PREFETCH`).
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct MachineBrief {
     #[serde(default)]
     pub(crate) epoch_barrier: String,
+    /// Whether a sequential reader prefetched (`FOLIOCACHE_SEQ_PREFETCH`, by CPU by default).
+    #[serde(default)]
+    pub(crate) seq_prefetch: String,
 }
 
 /// Figures from one side, keyed by (suite, case, system, metric), in file order.
@@ -338,11 +342,25 @@ pub(crate) fn run(old: &Path, new: &Path, verbose: bool) -> Result<(), String> {
             .collect();
         barriers.sort_unstable();
         barriers.dedup();
-        let barriers = if barriers.is_empty() {
+        let mut barriers = if barriers.is_empty() {
             String::new()
         } else {
             format!(", epoch pins: {}", barriers.join(" and "))
         };
+        let mut prefetch: Vec<&str> = files
+            .iter()
+            .filter_map(|f| f.machine.as_ref())
+            .map(|m| m.seq_prefetch.as_str())
+            .filter(|p| !p.is_empty())
+            .collect();
+        prefetch.sort_unstable();
+        prefetch.dedup();
+        if !prefetch.is_empty() {
+            barriers.push_str(&format!(
+                ", sequential prefetch: {}",
+                prefetch.join(" and ")
+            ));
+        }
         format!("{} (`{}`{barriers})", path.display(), unique.join("`, `"))
     };
     let comparison = compare(&a, &b);

@@ -115,6 +115,14 @@ pub(crate) struct Machine {
     /// `asymmetric`, see `FOLIOCACHE_EPOCH_BARRIER`); empty in results from before it was kept.
     #[serde(default)]
     pub(crate) epoch_barrier: String,
+    /// Whether a sequential reader prefetches in this process (`on` or `off`, see
+    /// `FOLIOCACHE_SEQ_PREFETCH`); empty in results from before it was kept.
+    #[serde(default)]
+    pub(crate) seq_prefetch: String,
+}
+
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
 }
 
 fn read_trimmed(path: &str) -> Option<String> {
@@ -163,6 +171,7 @@ impl Machine {
             thp: read_trimmed("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default(),
             vulnerabilities,
             epoch_barrier: foliocache::epoch_barrier().name().to_string(),
+            seq_prefetch: on_off(foliocache::sequential_prefetch()).into(),
         }
     }
 
@@ -193,11 +202,14 @@ impl Machine {
 
     /// One line: CPUs, model, microcode, kernel, memory.
     pub(crate) fn line(&self) -> String {
-        let barrier = if self.epoch_barrier.is_empty() {
+        let mut barrier = if self.epoch_barrier.is_empty() {
             String::new()
         } else {
             format!(", epoch pins: {}", self.epoch_barrier)
         };
+        if !self.seq_prefetch.is_empty() {
+            barrier.push_str(&format!(", sequential prefetch: {}", self.seq_prefetch));
+        }
         format!(
             "{} CPUs, {} (microcode {}), kernel {}, {} GiB, THP {}{barrier}",
             self.cpus, self.cpu_model, self.microcode, self.kernel, self.memory_gib, self.thp
