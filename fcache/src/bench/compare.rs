@@ -327,6 +327,20 @@ pub(crate) fn render(c: &Comparison, old_label: &str, new_label: &str, verbose: 
     out
 }
 
+/// The values one host setting took over a side's result files, each once (`on and off`), or
+/// empty when none recorded it.
+fn host_setting(files: &[ResultFile], field: impl Fn(&MachineBrief) -> &String) -> String {
+    let mut values: Vec<&str> = files
+        .iter()
+        .filter_map(|f| f.machine.as_ref())
+        .map(|m| field(m).as_str())
+        .filter(|v| !v.is_empty())
+        .collect();
+    values.sort_unstable();
+    values.dedup();
+    values.join(" and ")
+}
+
 /// Runs the comparison and prints it.
 pub(crate) fn run(old: &Path, new: &Path, verbose: bool) -> Result<(), String> {
     let (a, b) = (load(old)?, load(new)?);
@@ -334,33 +348,18 @@ pub(crate) fn run(old: &Path, new: &Path, verbose: bool) -> Result<(), String> {
         let commands: Vec<&str> = files.iter().map(|f| f.command.as_str()).collect();
         let mut unique = commands.clone();
         unique.dedup();
-        let mut barriers: Vec<&str> = files
+        let settings = [
+            ("epoch pins", host_setting(files, |m| &m.epoch_barrier)),
+            (
+                "sequential prefetch",
+                host_setting(files, |m| &m.seq_prefetch),
+            ),
+        ];
+        let barriers: String = settings
             .iter()
-            .filter_map(|f| f.machine.as_ref())
-            .map(|m| m.epoch_barrier.as_str())
-            .filter(|b| !b.is_empty())
+            .filter(|(_, values)| !values.is_empty())
+            .map(|(name, values)| format!(", {name}: {values}"))
             .collect();
-        barriers.sort_unstable();
-        barriers.dedup();
-        let mut barriers = if barriers.is_empty() {
-            String::new()
-        } else {
-            format!(", epoch pins: {}", barriers.join(" and "))
-        };
-        let mut prefetch: Vec<&str> = files
-            .iter()
-            .filter_map(|f| f.machine.as_ref())
-            .map(|m| m.seq_prefetch.as_str())
-            .filter(|p| !p.is_empty())
-            .collect();
-        prefetch.sort_unstable();
-        prefetch.dedup();
-        if !prefetch.is_empty() {
-            barriers.push_str(&format!(
-                ", sequential prefetch: {}",
-                prefetch.join(" and ")
-            ));
-        }
         format!("{} (`{}`{barriers})", path.display(), unique.join("`, `"))
     };
     let comparison = compare(&a, &b);
