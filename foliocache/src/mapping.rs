@@ -233,9 +233,7 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
             // copied, below).
             view.prefetch(id, offset, n);
         }
-        if !prefetching {
-            // A sequential reader on a CPU where its stream is best left to the CPU.
-        } else if offset + n == len as usize && (done + n < dst.len() || ahead) {
+        if prefetching && offset + n == len as usize && (done + n < dst.len() || ahead) {
             // The copy runs to this folio's end and the read (or, for a sequential reader,
             // the next one) goes on into the next folio: start bringing that one in now.
             if let Some(Entry::Folio {
@@ -251,7 +249,7 @@ pub(crate) fn copy_hits<P: crate::mem::optimistic::Pinned>(
                 };
                 view.prefetch(next, 0, want);
             }
-        } else if ahead && done + n == dst.len() && offset + n < len as usize {
+        } else if prefetching && ahead && done + n == dst.len() && offset + n < len as usize {
             // A sequential reader's read ends inside this folio: the next read starts right
             // after it, on a page the CPU's prefetchers will not have fetched (they stop at
             // page boundaries).

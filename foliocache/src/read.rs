@@ -122,8 +122,10 @@ fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64, ahead: bool) {
     let end = pos + buf.len() as u64;
     let last = (end - 1) >> PAGE_SHIFT;
     if pos >> PAGE_SHIFT == last {
-        // Within one page, a batch is one folio: one load, one try_get, one reload.
-        let (folio, next) = if ahead {
+        // Within one page, a batch is one folio: one load, one try_get, one reload. The next
+        // folio is peeked at only for a prefetch.
+        let prefetch = ahead && crate::mem::folio::sequential_prefetch();
+        let (folio, next) = if prefetch {
             mapping.lookup_peeking::<true>(last)
         } else {
             (mapping.lookup(last), None)
@@ -132,7 +134,7 @@ fn read_batched(mapping: &Mapping, buf: &mut [u8], pos: u64, ahead: bool) {
             Some((folio, bytes)) => {
                 let from = (pos - (folio.index() << PAGE_SHIFT)) as usize;
                 let to = from + buf.len();
-                if ahead && crate::mem::folio::sequential_prefetch() {
+                if prefetch {
                     // Where the next read will start, if it does where this one ends: in
                     // this folio, or at the start of the next one.
                     if to < bytes.len() {

@@ -202,16 +202,16 @@ impl Machine {
 
     /// One line: CPUs, model, microcode, kernel, memory.
     pub(crate) fn line(&self) -> String {
-        let mut barrier = if self.epoch_barrier.is_empty() {
-            String::new()
-        } else {
-            format!(", epoch pins: {}", self.epoch_barrier)
-        };
-        if !self.seq_prefetch.is_empty() {
-            barrier.push_str(&format!(", sequential prefetch: {}", self.seq_prefetch));
-        }
+        let settings: String = [
+            ("epoch pins", &self.epoch_barrier),
+            ("sequential prefetch", &self.seq_prefetch),
+        ]
+        .iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(name, value)| format!(", {name}: {value}"))
+        .collect();
         format!(
-            "{} CPUs, {} (microcode {}), kernel {}, {} GiB, THP {}{barrier}",
+            "{} CPUs, {} (microcode {}), kernel {}, {} GiB, THP {}{settings}",
             self.cpus, self.cpu_model, self.microcode, self.kernel, self.memory_gib, self.thp
         )
     }
