@@ -52,6 +52,7 @@ fn add(counter: &AtomicU64, n: u64) {
 
 /// Shards of the counters every served read adds to, one cache line each: threads reading at
 /// once add to different lines (a shared line would move between their CPUs on every read).
+/// The threads numbered below this own one shard each; all later ones share the last.
 const READ_SHARDS: usize = 16;
 
 #[repr(align(128))]
@@ -60,19 +61,35 @@ struct ReadShard {
     bytes: AtomicU64,
 }
 
-static READ_COUNTS: [ReadShard; READ_SHARDS] = [const {
+static READ_COUNTS: [ReadShard; READ_SHARDS + 1] = [const {
     ReadShard {
         reads: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
     }
-}; READ_SHARDS];
+}; READ_SHARDS + 1];
 
 /// A read served by the cache, of `bytes` bytes, counted in the shard of the thread numbered
-/// `thread` (any number is right; threads with different numbers mostly use different lines).
+/// `thread` (`hooks::thread_number`: no two threads have the same number). A thread with a shard
+/// of its own adds with a load and a store, no locked instruction: no other thread writes
+/// that shard, and the sum at exit reads it with the others. The shared shard adds atomically.
 pub(crate) fn read_served(thread: usize, bytes: usize) {
-    let shard = &READ_COUNTS[thread % READ_SHARDS];
-    add(&shard.reads, 1);
-    add(&shard.bytes, bytes as u64);
+    match READ_COUNTS.get(thread) {
+        Some(own) if thread < READ_SHARDS => {
+            let bump = |counter: &AtomicU64, n: u64| {
+                counter.store(
+                    counter.load(Ordering::Relaxed).wrapping_add(n),
+                    Ordering::Relaxed,
+                );
+            };
+            bump(&own.reads, 1);
+            bump(&own.bytes, bytes as u64);
+        }
+        _ => {
+            let shared = &READ_COUNTS[READ_SHARDS];
+            add(&shared.reads, 1);
+            add(&shared.bytes, bytes as u64);
+        }
+    }
 }
 
 /// Served reads and their bytes, summed over the shards.

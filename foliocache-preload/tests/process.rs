@@ -209,6 +209,55 @@ fn slots_claimed_in_key_destructors_are_given_back() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Served reads are counted in per-thread shards without a locked instruction, so each shard
+/// must have one writer: 40 threads (more than the 16 shards) read at once, 3,000 reads each, and
+/// once more each in a pthread key destructor, after the thread's thread-locals are gone
+/// (`tests/c/counted_reads.c`). The counters must hold every read exactly once.
+#[test]
+fn reads_from_many_threads_are_each_counted_once() {
+    if !have("gcc") {
+        return;
+    }
+    let dir = work_dir("counted-reads");
+    let exe = compile_c(&dir, "counted_reads", include_str!("c/counted_reads.c"));
+    let data = dir.join("data");
+    let bytes: Vec<u8> = (0..16u8)
+        .flat_map(|page| std::iter::repeat_n(b'A' + page, 4096))
+        .collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let (threads, each) = (40u64, 3000u64);
+    let stats_path = dir.join("stats.jsonl");
+    let with = With::Library {
+        cache: CacheMode::Private,
+        writes: Writes::Through,
+        stats: &stats_path,
+    };
+    let out = command(
+        &dir,
+        with,
+        exe.to_str().unwrap(),
+        &[
+            data.to_str().unwrap(),
+            &threads.to_string(),
+            &each.to_string(),
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success() && out.stdout == b"ok\n",
+        "{}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = stats(&stats_path);
+    let reads = threads * (each + 1);
+    assert_eq!(s.reads, reads, "{s:?}");
+    assert_eq!(s.bytes_from_cache, reads * 4096, "{s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// The shared cache's owner is SIGKILLed while a process holds slots and an open file
 /// (`tests/c/owner_death.c`). Then one of its threads exits and it closes the file, in either
 /// order; the first finds the owner gone and starts the next one. Each once deadlocked. A

@@ -87,6 +87,7 @@ use crate::lease::Kind;
 use crate::serving::Serving;
 use crate::stats::{self, Reason};
 use foliocache::{Advice, Cache, File, Handle, SyncRange};
+use std::cell::UnsafeCell;
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
@@ -97,14 +98,65 @@ pub(crate) type Slots = [HandleSlot];
 
 /// One readahead state of a description, alone on its cache lines: each thread locks its own
 /// slot on every read, and two slots on one line would move it between the threads' CPUs.
-#[derive(Debug, Default)]
+///
+/// Only ever tried, never waited for (a thread that finds its slot busy tries the next, then
+/// makes a fresh state), so the lock is one flag: taking it is one compare-and-swap, leaving
+/// it a plain store (a mutex's unlock is an exchange, to learn whether to wake a waiter, and
+/// this runs on every read).
+#[derive(Default)]
 #[repr(align(128))]
-pub(crate) struct HandleSlot(Mutex<Option<Handle>>);
+pub(crate) struct HandleSlot {
+    busy: AtomicBool,
+    handle: UnsafeCell<Option<Handle>>,
+}
 
-impl std::ops::Deref for HandleSlot {
-    type Target = Mutex<Option<Handle>>;
-    fn deref(&self) -> &Self::Target {
-        &self.0
+// SAFETY: the handle is only reached through a `SlotGuard`, and `busy` lets one exist at a
+// time (the compare-and-swap that makes one acquires what the last one's drop released), so
+// the handle moves between threads but is never used by two at once: what `Send` allows.
+unsafe impl Sync for HandleSlot where Handle: Send {}
+
+impl std::fmt::Debug for HandleSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandleSlot")
+            .field("busy", &self.busy.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl HandleSlot {
+    /// The slot's state, unless another thread has it now.
+    pub(crate) fn try_lock(&self) -> Option<SlotGuard<'_>> {
+        self.busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .ok()
+            .map(|_| SlotGuard { slot: self })
+    }
+}
+
+/// A slot taken by [`HandleSlot::try_lock`]; dropping it gives the slot back.
+pub(crate) struct SlotGuard<'a> {
+    slot: &'a HandleSlot,
+}
+
+impl std::ops::Deref for SlotGuard<'_> {
+    type Target = Option<Handle>;
+    fn deref(&self) -> &Option<Handle> {
+        // SAFETY: this guard is the only one of its slot (see `HandleSlot`'s `Sync`).
+        unsafe { &*self.slot.handle.get() }
+    }
+}
+
+impl std::ops::DerefMut for SlotGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Option<Handle> {
+        // SAFETY: this guard is the only one of its slot, and `&mut self` the only borrow of
+        // the guard.
+        unsafe { &mut *self.slot.handle.get() }
+    }
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        self.slot.busy.store(false, Ordering::Release);
     }
 }
 
@@ -239,6 +291,17 @@ fn now_ns() -> i64 {
 fn fcntl(fd: RawFd, cmd: i32, arg: usize) -> i32 {
     // SAFETY: fcntl on a descriptor of this process with an integer argument.
     unsafe { crate::real::fcntl(fd, cmd, arg) }
+}
+
+/// How a read through the cache went, as [`Inode::read`] needs it.
+#[derive(Debug, Clone, Copy)]
+enum Read {
+    /// Every byte asked for.
+    Full,
+    /// Fewer bytes, and the cache's size of the file then.
+    Short(usize, u64),
+    /// An error, as an errno.
+    Failed(i32),
 }
 
 impl Inode {
@@ -392,7 +455,7 @@ impl Inode {
     ) -> Option<T> {
         let mut guard = (0..slots.len())
             .map(|k| &slots[(preferred + k) % slots.len()])
-            .find_map(|slot| slot.try_lock().ok());
+            .find_map(HandleSlot::try_lock);
         let mut fresh = None;
         let handle = match guard.as_deref_mut() {
             Some(Some(handle)) => handle,
@@ -425,17 +488,28 @@ impl Inode {
         buf: &mut [u8],
         pos: u64,
     ) -> Option<Result<usize, i32>> {
+        let wanted = buf.len();
         for _attempt in 0..3 {
             let ticket = self.ticket(fd)?;
-            let (result, size) = self.with_handle(slots, preferred, advice, |handle| {
-                (handle.read_at(buf, pos), handle.file().size())
+            // What the closure hands back is small and has no error value in it (an errno
+            // instead): a full read, the common case, returns in registers, and the cache's
+            // size is read only for a short one.
+            let read = self.with_handle(slots, preferred, advice, |handle| {
+                match handle.read_at(buf, pos) {
+                    Ok(n) if n == wanted => Read::Full,
+                    Ok(n) => Read::Short(n, handle.file().size()),
+                    Err(error) => {
+                        debug(format_args!("{:?}: a read failed: {error}", self.key));
+                        Read::Failed(foliocache_capi::errno_of(&error))
+                    }
+                }
             })?;
             if !self.serving.still(ticket) {
                 return None; // the cache stopped serving meanwhile: the kernel answers
             }
-            match result {
-                Ok(n) if n == buf.len() => return Some(Ok(n)),
-                Ok(n) => {
+            match read {
+                Read::Full => return Some(Ok(wanted)),
+                Read::Short(n, size) => {
                     // Short: end of file as the cache sees it. A path the library does not
                     // see (the program's raw system calls) may have grown the file.
                     let real = kernel_size(fd)?;
@@ -450,10 +524,7 @@ impl Inode {
                         return Some(Ok(n));
                     }
                 }
-                Err(error) => {
-                    debug(format_args!("{:?}: a read failed: {error}", self.key));
-                    return Some(Err(foliocache_capi::errno_of(&error)));
-                }
+                Read::Failed(errno) => return Some(Err(errno)),
             }
         }
         None

@@ -53,6 +53,9 @@ thread_local! {
 }
 static NEXT_NUMBER: AtomicUsize = AtomicUsize::new(0);
 
+/// This thread's number: no other thread of the process has it (the read counters rely on
+/// that). A thread whose thread-locals are already destroyed gets `usize::MAX`, which no
+/// thread is given (and which `stats::read_served` counts in its shared shard).
 fn thread_number() -> usize {
     NUMBER
         .try_with(|number| {
@@ -61,7 +64,7 @@ fn thread_number() -> usize {
             }
             number.get()
         })
-        .unwrap_or(0)
+        .unwrap_or(usize::MAX)
 }
 
 /// This thread's preferred readahead slot in a description.

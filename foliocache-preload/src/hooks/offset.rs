@@ -122,7 +122,7 @@ pub unsafe extern "C" fn posix_fadvise64(
             d.advice.store(advice, Ordering::Relaxed);
             // Idle readahead states start again with the new pattern.
             for slot in &d.handles {
-                if let Ok(mut slot) = slot.try_lock() {
+                if let Some(mut slot) = slot.try_lock() {
                     *slot = None;
                 }
             }
