@@ -94,7 +94,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 /// Readahead (and, in write-back mode, write-behind) states of one description.
-pub(crate) type Slots = [HandleSlot];
+pub(crate) type Slots = [HandleSlot; crate::table::HANDLE_SLOTS];
 
 /// One readahead state of a description, alone on its cache lines: each thread locks its own
 /// slot on every read, and two slots on one line would move it between the threads' CPUs.
