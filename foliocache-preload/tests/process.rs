@@ -194,13 +194,7 @@ fn slots_claimed_in_key_destructors_are_given_back() {
     .output()
     .unwrap();
     let _ = foliocache::cache_command(&name, foliocache::CacheCommand::Destroy { force: true });
-    assert!(
-        out.status.success() && out.stdout == b"ok\n",
-        "{}: {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_printed_ok(&out);
     let s = stats(&stats_path);
     assert!(
         s.reads >= 1100,
@@ -232,25 +226,15 @@ fn reads_from_many_threads_are_each_counted_once() {
         writes: Writes::Through,
         stats: &stats_path,
     };
-    let out = command(
-        &dir,
-        with,
-        exe.to_str().unwrap(),
-        &[
-            data.to_str().unwrap(),
-            &threads.to_string(),
-            &each.to_string(),
-        ],
-    )
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success() && out.stdout == b"ok\n",
-        "{}: {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let args = [
+        data.to_str().unwrap(),
+        &threads.to_string(),
+        &each.to_string(),
+    ];
+    let out = command(&dir, with, exe.to_str().unwrap(), &args)
+        .output()
+        .unwrap();
+    assert_printed_ok(&out);
     let s = stats(&stats_path);
     let reads = threads * (each + 1);
     assert_eq!(s.reads, reads, "{s:?}");
@@ -377,4 +361,15 @@ fn owner_pid(name: &str) -> i32 {
         .and_then(|s| s.split(',').next())
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("no owner_pid in the status: {status}"))
+}
+
+/// A test program's run must succeed and print `ok`.
+fn assert_printed_ok(out: &std::process::Output) {
+    assert!(
+        out.status.success() && out.stdout == b"ok\n",
+        "{}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
