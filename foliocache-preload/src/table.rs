@@ -36,9 +36,6 @@ use std::sync::{Arc, Mutex};
 /// fds at or above this number are never intercepted (they pass through).
 pub(crate) const MAX_FDS: usize = 1 << 16;
 
-/// Readahead state slots per description: readers on different threads use different ones.
-pub(crate) const HANDLE_SLOTS: usize = 4;
-
 /// What an open file description is (shared by dup'd fds).
 #[derive(Debug)]
 pub(crate) struct Description {
@@ -59,7 +56,7 @@ pub(crate) struct Description {
     /// The access-pattern advice (`posix_fadvise`) fresh readahead states start from.
     pub(crate) advice: AtomicI32,
     /// Readahead states (and write-behind streams).
-    pub(crate) handles: [crate::adapter::HandleSlot; HANDLE_SLOTS],
+    pub(crate) handles: crate::adapter::Slots,
 }
 
 impl Drop for Description {

@@ -94,7 +94,10 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 /// Readahead (and, in write-back mode, write-behind) states of one description.
-pub(crate) type Slots = [HandleSlot; crate::table::HANDLE_SLOTS];
+pub(crate) type Slots = [HandleSlot; HANDLE_SLOTS];
+
+/// Readahead state slots per description: readers on different threads use different ones.
+pub(crate) const HANDLE_SLOTS: usize = 4;
 
 /// One readahead state of a description, alone on its cache lines: each thread locks its own
 /// slot on every read, and two slots on one line would move it between the threads' CPUs.

@@ -22,7 +22,6 @@
 //! the same register as a fixed one (the crate refuses to build elsewhere), and the value is
 //! only passed on to libc, which reads it only when the flags say it is there.
 
-use crate::table;
 use libc::{c_char, c_int, c_uint, c_void, off64_t, size_t, ssize_t};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -69,7 +68,7 @@ fn thread_number() -> usize {
 
 /// This thread's preferred readahead slot in a description.
 fn preferred_slot() -> usize {
-    thread_number() % table::HANDLE_SLOTS
+    thread_number() % crate::adapter::HANDLE_SLOTS
 }
 
 /// A call's 0 or -1 and errno, from the cache's answer.

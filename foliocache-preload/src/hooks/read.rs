@@ -36,7 +36,7 @@ unsafe fn read_at(
     let slice = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), count) };
     let advice = d.advice.load(Ordering::Relaxed);
     let thread = thread_number();
-    let slot = thread % table::HANDLE_SLOTS;
+    let slot = thread % crate::adapter::HANDLE_SLOTS;
     match d.inode.read(fd, &d.handles, slot, advice, slice, pos) {
         Some(Ok(n)) => {
             stats::read_served(thread, n);
