@@ -73,22 +73,19 @@ static READ_COUNTS: [ReadShard; READ_SHARDS + 1] = [const {
 /// of its own adds with a load and a store, no locked instruction: no other thread writes
 /// that shard, and the sum at exit reads it with the others. The shared shard adds atomically.
 pub(crate) fn read_served(thread: usize, bytes: usize) {
-    match READ_COUNTS.get(thread) {
-        Some(own) if thread < READ_SHARDS => {
-            let bump = |counter: &AtomicU64, n: u64| {
-                counter.store(
-                    counter.load(Ordering::Relaxed).wrapping_add(n),
-                    Ordering::Relaxed,
-                );
-            };
-            bump(&own.reads, 1);
-            bump(&own.bytes, bytes as u64);
-        }
-        _ => {
-            let shared = &READ_COUNTS[READ_SHARDS];
-            add(&shared.reads, 1);
-            add(&shared.bytes, bytes as u64);
-        }
+    let (own, shared) = READ_COUNTS.split_at(READ_SHARDS);
+    if let Some(own) = own.get(thread) {
+        let bump = |counter: &AtomicU64, n: u64| {
+            counter.store(
+                counter.load(Ordering::Relaxed).wrapping_add(n),
+                Ordering::Relaxed,
+            );
+        };
+        bump(&own.reads, 1);
+        bump(&own.bytes, bytes as u64);
+    } else {
+        add(&shared[0].reads, 1);
+        add(&shared[0].bytes, bytes as u64);
     }
 }
 
