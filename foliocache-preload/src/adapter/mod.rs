@@ -80,6 +80,7 @@
 
 mod back;
 mod serve;
+mod slot;
 mod through;
 
 use crate::config::Writes;
@@ -87,7 +88,6 @@ use crate::lease::Kind;
 use crate::serving::Serving;
 use crate::stats::{self, Reason};
 use foliocache::{Advice, Cache, File, Handle, SyncRange};
-use std::cell::UnsafeCell;
 use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock};
@@ -99,69 +99,8 @@ pub(crate) type Slots = [HandleSlot; HANDLE_SLOTS];
 /// Readahead state slots per description: readers on different threads use different ones.
 pub(crate) const HANDLE_SLOTS: usize = 4;
 
-/// One readahead state of a description, alone on its cache lines: each thread locks its own
-/// slot on every read, and two slots on one line would move it between the threads' CPUs.
-///
-/// Only ever tried, never waited for (a thread that finds its slot busy tries the next, then
-/// makes a fresh state), so the lock is one flag: taking it is one compare-and-swap, leaving
-/// it a plain store (a mutex's unlock is an exchange, to learn whether to wake a waiter, and
-/// this runs on every read).
-#[derive(Default)]
-#[repr(align(128))]
-pub(crate) struct HandleSlot {
-    busy: AtomicBool,
-    handle: UnsafeCell<Option<Handle>>,
-}
-
-// SAFETY: the handle is only reached through a `SlotGuard`, and `busy` lets one exist at a
-// time (the compare-and-swap that makes one acquires what the last one's drop released), so
-// the handle moves between threads but is never used by two at once: what `Send` allows.
-unsafe impl Sync for HandleSlot where Handle: Send {}
-
-impl std::fmt::Debug for HandleSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HandleSlot")
-            .field("busy", &self.busy.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-impl HandleSlot {
-    /// The slot's state, unless another thread has it now.
-    pub(crate) fn try_lock(&self) -> Option<SlotGuard<'_>> {
-        self.busy
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .ok()
-            .map(|_| SlotGuard { slot: self })
-    }
-}
-
-/// A slot taken by [`HandleSlot::try_lock`]; dropping it gives the slot back.
-pub(crate) struct SlotGuard<'a> {
-    slot: &'a HandleSlot,
-}
-
-impl std::ops::Deref for SlotGuard<'_> {
-    type Target = Option<Handle>;
-    fn deref(&self) -> &Option<Handle> {
-        // SAFETY: this guard is the only one of its slot (see `HandleSlot`'s `Sync`).
-        unsafe { &*self.slot.handle.get() }
-    }
-}
-
-impl std::ops::DerefMut for SlotGuard<'_> {
-    fn deref_mut(&mut self) -> &mut Option<Handle> {
-        // SAFETY: this guard is the only one of its slot, and `&mut self` the only borrow of
-        // the guard.
-        unsafe { &mut *self.slot.handle.get() }
-    }
-}
-
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        self.slot.busy.store(false, Ordering::Release);
-    }
-}
+/// One readahead state of a description (a thread takes one on every read; see `slot`).
+pub(crate) type HandleSlot = slot::TrySlot<Option<Handle>>;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
