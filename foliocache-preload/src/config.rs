@@ -1,8 +1,9 @@
 //! Settings from the environment: `FOLIOCACHE_PATHS`, `FOLIOCACHE_SHARED`,
-//! `FOLIOCACHE_CAPACITY_MB`, `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_STATS`,
-//! `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one clear line on stderr, and the program runs
+//! `FOLIOCACHE_CAPACITY_MB`, `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_IO`,
+//! `FOLIOCACHE_STATS`, `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one clear line on stderr, and the program runs
 //! uncached.
 
+use foliocache::EngineKind;
 use std::path::{Path, PathBuf};
 
 /// The library's settings.
@@ -16,6 +17,8 @@ pub(crate) struct Config {
     pub(crate) ra_bytes: Option<u64>,
     /// Where the program's writes go.
     pub(crate) writes: Writes,
+    /// How the cache reads and writes storage (`FOLIOCACHE_IO`).
+    pub(crate) io: EngineKind,
     /// Where to write the counters at exit.
     pub(crate) stats_path: Option<PathBuf>,
     /// The signal lease breaks arrive with (`None`: the library chooses, see `lease`).
@@ -97,6 +100,17 @@ impl Config {
                 ));
             }
         };
+        let io = match get("FOLIOCACHE_IO").as_deref().map(str::trim) {
+            None | Some("auto") => EngineKind::Auto,
+            Some("io_uring") => EngineKind::IoUring,
+            Some("threads") => EngineKind::Threads,
+            Some(text) => {
+                return Err(format!(
+                    "FOLIOCACHE_IO={text}: expected `auto` (the default: io_uring where the \
+                     kernel allows it, else threads), `io_uring` or `threads`"
+                ));
+            }
+        };
         let lease_signal = match get("FOLIOCACHE_LEASE_SIGNAL") {
             None => None,
             Some(text) => {
@@ -141,6 +155,7 @@ impl Config {
             capacity: capacity_mb << 20,
             ra_bytes,
             writes,
+            io,
             stats_path,
             lease_signal,
             shared,
@@ -221,6 +236,7 @@ mod tests {
         assert_eq!(config.capacity, 256 << 20);
         assert_eq!(config.ra_bytes, None);
         assert_eq!(config.writes, Writes::Through);
+        assert_eq!(config.io, EngineKind::Auto);
         assert_eq!(config.shared.as_deref(), Some(DEFAULT_SHARED));
         let private = Config::from_env(env(&[
             ("FOLIOCACHE_PATHS", tmp_text),
@@ -236,6 +252,19 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(back.writes, Writes::Back);
+        for (text, kind) in [
+            ("auto", EngineKind::Auto),
+            ("io_uring", EngineKind::IoUring),
+            (" threads ", EngineKind::Threads),
+        ] {
+            let config = Config::from_env(env(&[
+                ("FOLIOCACHE_PATHS", tmp_text),
+                ("FOLIOCACHE_IO", text),
+            ]))
+            .unwrap()
+            .unwrap();
+            assert_eq!(config.io, kind, "{text}");
+        }
         assert!(config.covers(&std::fs::canonicalize(&tmp).unwrap().join("x")));
         assert!(!config.covers(Path::new("/definitely/elsewhere")));
         for (key, value) in [
@@ -244,6 +273,8 @@ mod tests {
             ("FOLIOCACHE_RA_KB", "-1"),
             ("FOLIOCACHE_WRITES", "bogus"),
             ("FOLIOCACHE_WRITES", ""),
+            ("FOLIOCACHE_IO", "uring"),
+            ("FOLIOCACHE_IO", ""),
             ("FOLIOCACHE_SHARED", "a/b"),
             ("FOLIOCACHE_SHARED", "white space"),
         ] {

@@ -188,7 +188,11 @@ impl Runtime {
         let cache = match &registry.cache {
             Some(cache) => cache.clone(),
             None if registry.cache_failed => return None,
-            None => match adapter::new_cache(self.config.capacity, self.config.shared.as_deref()) {
+            None => match adapter::new_cache(
+                self.config.capacity,
+                self.config.io,
+                self.config.shared.as_deref(),
+            ) {
                 Ok(cache) => registry.cache.insert(cache).clone(),
                 Err(error) => {
                     registry.cache_failed = true;

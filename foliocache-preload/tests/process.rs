@@ -363,6 +363,53 @@ fn owner_pid(name: &str) -> i32 {
         .unwrap_or_else(|| panic!("no owner_pid in the status: {status}"))
 }
 
+/// `FOLIOCACHE_IO` picks how a private cache reads storage: with `threads` the process has no
+/// io_uring instance, with `io_uring` it has one (`tests/c/engine_fds.c` counts them after
+/// reading a file through the cache); both read the file's bytes, from the cache.
+#[test]
+fn the_io_engine_is_the_one_asked_for() {
+    if !have("gcc") {
+        return;
+    }
+    let dir = work_dir("io-engine");
+    let exe = compile_c(&dir, "engine_fds", include_str!("c/engine_fds.c"));
+    let data = dir.join("data");
+    let bytes: Vec<u8> = (0..4u8)
+        .flat_map(|page| std::iter::repeat_n(b'A' + page, 4096))
+        .collect();
+    std::fs::write(&data, &bytes).unwrap();
+    let uring_allowed = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .map_or(true, |v| v.trim() == "0");
+    for (io, rings) in [
+        ("threads", Some(0)),
+        ("io_uring", uring_allowed.then_some(1)),
+    ] {
+        let stats_path = dir.join(format!("stats-{io}.jsonl"));
+        let with = With::Library {
+            cache: CacheMode::Private,
+            writes: Writes::Through,
+            stats: &stats_path,
+        };
+        let out = command(&dir, with, exe.to_str().unwrap(), &[data.to_str().unwrap()])
+            .env("FOLIOCACHE_IO", io)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.starts_with("ok "),
+            "{io}: {}: {stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let found: u32 = stdout[3..].trim().parse().unwrap();
+        if let Some(rings) = rings {
+            assert_eq!(found, rings, "{io}: io_uring instances open");
+        }
+        let s = stats(&stats_path);
+        assert_eq!(s.bytes_from_cache, 4 * 4096, "{io}: {s:?}");
+    }
+}
+
 /// A test program's run must succeed and print `ok`.
 fn assert_printed_ok(out: &std::process::Output) {
     assert!(

@@ -553,9 +553,14 @@ fn kernel_size(fd: RawFd) -> Option<u64> {
     (rc == 0).then(|| unsafe { st.assume_init() }.st_size as u64)
 }
 
-/// A cache with the settings: a private one, or an attachment to the shared cache `shared`.
-pub(crate) fn new_cache(capacity: u64, shared: Option<&str>) -> Result<Cache, String> {
-    let mut builder = Cache::builder().capacity(capacity);
+/// A cache with the settings: a private one, or an attachment to the shared cache `shared`
+/// (whose settings, `io` among them, are the ones of the process that created it).
+pub(crate) fn new_cache(
+    capacity: u64,
+    io: foliocache::EngineKind,
+    shared: Option<&str>,
+) -> Result<Cache, String> {
+    let mut builder = Cache::builder().capacity(capacity).io_engine(io);
     if let Some(name) = shared {
         builder = builder.shared(name);
         if std::env::var_os("FOLIOCACHE_OWNER").is_none()
