@@ -594,6 +594,11 @@ pub struct Stats {
     /// Bytes of the arena faulted in ahead of the allocator by its populator
     /// ([`CacheBuilder::populate_ahead`]).
     pub populated_ahead_bytes: u64,
+    /// Pages a private cache set aside for files' regions and has not used yet: a random
+    /// reader's 4 KiB folios go to their offsets in a 2 MiB block per 2 MiB of the file, and
+    /// the rest of the block waits for that file's next pages. Not counted in `free_pages`;
+    /// they come back at once when memory runs out, and when the file goes.
+    pub placed_unused_pages: u64,
     /// Dirty memory: pages dirty and under writeback, the thresholds, pages written back.
     pub dirty: DirtyStats,
 }
@@ -971,13 +976,15 @@ impl Local {
             populated_ahead_bytes: (mem.populated_blocks()
                 * crate::mem::populate::BLOCK_PAGES
                 * PAGE_SIZE) as u64,
+            placed_unused_pages: mem.placement_held_pages() as u64,
             dirty: self.inner.dirty.stats(),
         }
     }
 }
 
 /// Statistics as the words of a control message (a shared cache's owner to its clients):
-/// [`Stats`], then [`ReclaimStats`], in field order.
+/// [`Stats`], then [`ReclaimStats`], in field order, then `Stats::placed_unused_pages` (added
+/// last, so that an older reader of the words still finds the others where they were).
 #[cfg(not(loom))]
 pub(crate) fn stats_words(stats: &Stats, reclaim: &ReclaimStats) -> Vec<u64> {
     let d = &stats.dirty;
@@ -1014,6 +1021,7 @@ pub(crate) fn stats_words(stats: &Stats, reclaim: &ReclaimStats) -> Vec<u64> {
         r.inactive_pages,
         r.active_pages,
         r.nonresident_age,
+        stats.placed_unused_pages,
     ]
 }
 
@@ -1033,6 +1041,7 @@ fn stats_from_words(words: &[u64]) -> (Stats, ReclaimStats) {
         max_order: w(8).min(u64::from(MAX_ORDER)) as u8,
         zone_lock_acquisitions: w(9),
         populated_ahead_bytes: w(10),
+        placed_unused_pages: w(31),
         dirty: DirtyStats {
             dirty_pages: w(11),
             writeback_pages: w(12),

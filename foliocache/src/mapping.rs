@@ -403,7 +403,17 @@ pub struct Mapping {
     /// The cache's dirty and writeback page counts, and this mapping's own.
     pages: Arc<PageCounts>,
     own: PageCounts,
+    /// Per 2 MiB region of the file, the first page of the arena block its small fills were
+    /// placed in ([`NO_BLOCK`]: none), made at the first placement (see `mem::place`). Only a
+    /// hint for a read's prefetch: it may be stale or wrong, never trusted.
+    placed: std::sync::OnceLock<Box<[std::sync::atomic::AtomicU32]>>,
 }
+
+/// A region without a block, in [`Mapping`]'s hint table.
+const NO_BLOCK: u32 = u32::MAX;
+
+/// The most regions a mapping's hint table has (128 GiB of file; reads beyond go without).
+const MAX_HINTED_REGIONS: u64 = 1 << 16;
 
 /// Pages dirty and under writeback, in all of a cache's mappings (what throttling looks at),
 /// kept by the mappings as their folios change state (always under a mapping's writer lock).
@@ -470,6 +480,7 @@ impl Mapping {
             shadows,
             pages,
             own: PageCounts::default(),
+            placed: std::sync::OnceLock::new(),
         }
     }
 
@@ -500,6 +511,7 @@ impl Mapping {
             shadows,
             pages,
             own: PageCounts::default(),
+            placed: std::sync::OnceLock::new(),
         })
     }
 
@@ -738,6 +750,13 @@ impl Mapping {
                 *recent = None;
             }
         }
+        if !ahead && let Some(pfn) = self.placed_at(pos >> PAGE_SHIFT) {
+            // The folio was likely placed by its offset: ask for its bytes and descriptor now,
+            // so that their misses overlap the index walk's (see `mem::place`).
+            let offset = (pos as usize) & (crate::mem::PAGE_SIZE - 1);
+            view.prefetch(pfn, offset, dst.len().min(crate::mem::PAGE_SIZE - offset));
+            view.prefetch_desc(pfn);
+        }
         let (done, folios, walks, last) =
             copy_hits(&self.index, &view, &grace, pos, dst, unmarked, ahead);
         let shard = grace.thread_slot();
@@ -747,6 +766,41 @@ impl Mapping {
         self.counters.index_walks.add_in(shard, walks);
         self.counters.unreferenced_hits.add_in(shard, folios);
         done
+    }
+
+    /// Where page `index`'s folio is if it was placed by its offset (a hint, see `placed`).
+    #[inline]
+    fn placed_at(&self, index: u64) -> Option<u32> {
+        let hints = self.placed.get()?;
+        let base = hints
+            .get((index >> crate::mem::place::REGION_ORDER) as usize)?
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (base != NO_BLOCK)
+            .then(|| base.wrapping_add((index % crate::mem::place::REGION_PAGES) as u32))
+    }
+
+    /// A folio for page `index`, placed by its offset where the arena allows (a small fill's,
+    /// see `mem::place`); its region's block goes into the hint table. `None`: allocate as
+    /// usual.
+    pub(crate) fn alloc_placed(&self, index: u64) -> Option<NewFolio<'_>> {
+        let region = index >> crate::mem::place::REGION_ORDER;
+        if region >= MAX_HINTED_REGIONS {
+            return None;
+        }
+        let (folio, base) = self.mem.alloc_placed(self.id, index)?;
+        let hints = self.placed.get_or_init(|| {
+            let regions = (self.size()
+                >> (PAGE_SHIFT + u32::from(crate::mem::place::REGION_ORDER)))
+            .saturating_add(1)
+            .clamp(region + 1, MAX_HINTED_REGIONS);
+            (0..regions)
+                .map(|_| std::sync::atomic::AtomicU32::new(NO_BLOCK))
+                .collect()
+        });
+        if let Some(hint) = hints.get(region as usize) {
+            hint.store(base, std::sync::atomic::Ordering::Relaxed);
+        }
+        Some(folio)
     }
 
     /// Fills `batch` with up to `max` (at most [`BATCH_SIZE`]) referenced folios that are
@@ -1555,5 +1609,8 @@ fn entry_of(writer: &IndexWriter<'_>, folio: &FolioRef<'_>) -> Option<Entry> {
 impl Drop for Mapping {
     fn drop(&mut self) {
         self.truncate(..);
+        if self.placed.get().is_some() {
+            self.mem.forget_placement(self.id);
+        }
     }
 }

@@ -904,7 +904,18 @@ impl<'f> Submission<'f> {
         let mut folios = Vec::with_capacity(slots.len());
         // A window of 4 KiB folios takes its pages in one go; what that cannot give (memory
         // runs out, large folios) comes one by one, reclaiming as needed.
-        if slots.iter().all(|slot| slot.order == 0) {
+        let small = slots.iter().all(|slot| slot.order == 0);
+        if small && slots.len() <= crate::mem::place::PLACE_MAX_PAGES {
+            // A random reader's fill: its pages go to their offsets in the file's regions
+            // (`mem::place`), as far as they can.
+            for slot in slots {
+                let Some(folio) = self.file.mapping.alloc_placed(slot.index) else {
+                    break;
+                };
+                folios.push(folio);
+            }
+        }
+        if folios.is_empty() && small {
             cache.alloc_pages_for_readahead(slots.len(), &mut folios);
         }
         for slot in &slots[folios.len()..] {

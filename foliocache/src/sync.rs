@@ -197,6 +197,8 @@ pub(crate) mod order {
         IndexWriter,
         /// The arena pages set aside for index nodes.
         IndexReserve,
+        /// The arena blocks set aside for files' regions (`mem::place`).
+        Placement,
         /// A per-thread page cache of the buddy allocator.
         PageCache,
         /// The buddy allocator's free lists.
@@ -251,12 +253,12 @@ pub(crate) mod order {
             "DirtyState",
             "IndexWriter",
             "IndexReserve",
+            "Placement",
             "PageCache",
             "Zone",
             "EpochGarbage",
             "EpochParticipants",
             "Lists",
-            "",
             "",
         ];
     }

@@ -20,6 +20,7 @@ pub(crate) mod grace;
 pub(crate) mod lru;
 pub(crate) mod nodes;
 pub(crate) mod optimistic;
+pub(crate) mod place;
 pub(crate) mod populate;
 #[cfg(not(loom))]
 pub(crate) mod records;
@@ -107,6 +108,8 @@ pub(crate) struct Memory {
     /// private cache, whose nodes are on the heap).
     #[cfg(not(loom))]
     pub(crate) shared: Option<(Arc<shared::SharedMap>, Arc<nodes::ArenaNodes>)>,
+    /// Blocks of the arena set aside for files' regions (a private cache's; see `place`).
+    placement: place::Placement,
 }
 
 /// The folio table: on the heap (a small private cache), in huge pages of its own (a private
@@ -301,6 +304,7 @@ impl Memory {
             inject: Arc::default(),
             #[cfg(not(loom))]
             shared: None,
+            placement: place::Placement::new(),
         })
     }
 
@@ -341,6 +345,7 @@ impl Memory {
             max_order,
             inject: Arc::default(),
             shared: Some((map, nodes)),
+            placement: place::Placement::new(),
         })
     }
 
@@ -457,7 +462,13 @@ impl Memory {
         if let Some((_, nodes)) = &self.shared {
             nodes.top_up();
         }
-        let pfn = match self.grace.buddy().alloc(order) {
+        // Pages regions hold unused come back before anything else is tried.
+        let first = self.grace.buddy().alloc(order).or_else(|| {
+            (self.release_placement() > 0)
+                .then(|| self.grace.buddy().alloc(order))
+                .flatten()
+        });
+        let pfn = match first {
             Some(pfn) => pfn,
             // Memory may be waiting for optimistic readers to finish with it (a grace period):
             // wait for them a little, then try again whatever came back.
@@ -489,6 +500,10 @@ impl Memory {
         }
         let mut pfns = Vec::with_capacity(n);
         self.grace.buddy().alloc_pages(n, &mut pfns);
+        if pfns.len() < n && self.release_placement() > 0 {
+            let more = n - pfns.len();
+            self.grace.buddy().alloc_pages(more, &mut pfns);
+        }
         if pfns.len() < n && self.grace.pending_pages() > 0 {
             // As `alloc_folio`: memory may be waiting for optimistic readers to finish with it.
             self.grace.reclaim_deferred(Duration::from_millis(20));
@@ -498,6 +513,39 @@ impl Memory {
         out.reserve(pfns.len());
         out.extend(pfns.iter().map(|&pfn| self.new_life(pfn, 0)));
         pfns.len()
+    }
+
+    /// An order-0 folio for page `index` of mapping `mapping`, placed at the page's offset
+    /// in the arena block of its region (see [`place`]), with the block's first page: `None`
+    /// where the page cannot be placed (a shared cache, an arena without 2 MiB blocks, no
+    /// block to be had, or the page was placed before). The caller then allocates as usual.
+    pub(crate) fn alloc_placed(&self, mapping: u64, index: u64) -> Option<(NewFolio<'_>, u32)> {
+        #[cfg(not(loom))]
+        if self.shared.is_some() {
+            return None;
+        }
+        if self.max_order < place::REGION_ORDER || self.inject.armed() {
+            return None;
+        }
+        let (pfn, base) = self
+            .placement
+            .take(self.grace.buddy(), self.pages(), mapping, index)?;
+        Some((self.new_life(pfn, 0), base))
+    }
+
+    /// Regions give back the pages they hold unused (memory ran out). Returns how many.
+    fn release_placement(&self) -> usize {
+        self.placement.release_all(self.grace.buddy(), self.pages())
+    }
+
+    /// Mapping `mapping` is gone: its regions give their unused pages back.
+    pub(crate) fn forget_placement(&self, mapping: u64) {
+        self.placement.forget(self.grace.buddy(), mapping);
+    }
+
+    /// Pages regions hold unused (statistics).
+    pub(crate) fn placement_held_pages(&self) -> usize {
+        self.placement.held_pages()
     }
 
     /// The first steps of a block's life as a folio, just taken from the free lists: a new

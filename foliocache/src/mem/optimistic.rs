@@ -209,6 +209,14 @@ impl<'a> FolioView<'a> {
         }
     }
 
+    /// Asks for block `pfn`'s descriptor (a hint, as [`FolioView::prefetch`]: a block outside
+    /// the table is ignored).
+    pub(crate) fn prefetch_desc(&self, pfn: u32) {
+        if let Some(desc) = self.table.get(pfn as usize) {
+            prefetch(std::ptr::from_ref(desc).cast::<u8>(), 32);
+        }
+    }
+
     /// Whether the bytes copied since `peek_begin` belong to the life found then: no new life
     /// began and the folio is not frozen for removal.
     pub(crate) fn peek_valid(&self, peek: &Peek) -> bool {

@@ -1,0 +1,304 @@
+//! Placement of a file's 4 KiB folios by their offset in the file.
+//!
+//! A random reader's folios are filled one or two at a time, and the allocator hands each fill
+//! whatever pages its per-thread list holds: page 7 of a file and page 8 end up anywhere in
+//! the arena. A read then learns where its folio is only from the index's leaf, and the misses
+//! on the leaf, the descriptor and the bytes follow one another. Here a private cache instead
+//! sets aside a 2 MiB block of the arena (a *region*) for each 2 MiB of a file that small fills
+//! reach, and puts page `i` at offset `i % 512` of its region's block. So:
+//! * the read can ask for the bytes and the descriptor *before* walking the index: the
+//!   block's first page is in the mapping's hint table ([`crate::mapping::Mapping`]), a small
+//!   array of one word per region that stays in the CPU's caches. The three misses overlap.
+//!   The hint is only a prefetch: the read still finds and validates the folio by the index
+//!   and its descriptor, so a stale hint costs a wasted prefetch, never a wrong byte;
+//! * a block that spans two pages (a RocksDB block of 4 KiB and its trailer) lies in one
+//!   run of memory, and its two descriptors are neighbours in the folio table.
+//!
+//! Measured in docs/BENCHMARKS.md ("Pages placed by their offset").
+//!
+//! # Which fills, and how much memory
+//! Only fills of at most [`PLACE_MAX_PAGES`] 4 KiB folios (a random reader's; readahead
+//! windows of a stream are in order in the arena already) of a private cache's files from
+//! storage. A new region is set aside only while at least a quarter of the arena is free. The
+//! pages of a block not handed out yet are the region's: not free, not cached. When an
+//! allocation finds no free memory, every region gives its unused pages back at once
+//! ([`Placement::release_all`]) and takes no more pages (its hint stays right for the pages
+//! it did place), before anything is evicted. If the regions had used less than a quarter of
+//! their pages, the reader is too sparse for placement to pay, and no new region is set aside
+//! for a while (as many tries as the arena has pages): a 2 MiB block for each few pages would
+//! otherwise be set aside and given back again and again. A file's regions give their unused
+//! pages back when its mapping goes ([`Placement::forget`]).
+//!
+//! # Pages handed out
+//! A page handed out is an ordinary order-0 folio: it is freed, when its life ends, page by
+//! page, as a block taken whole may be (see `buddy`). The region remembers it was handed out
+//! and never hands it out again: a page evicted and read again goes wherever the allocator
+//! puts it, and the region's hint is then wrong for it (a wasted prefetch per read of it).
+//!
+//! All state is under one lock ([`Rank::Placement`](crate::sync::order::Rank)), taken only by
+//! fills that place pages, by the release under pressure and by a mapping's teardown: never
+//! by a read. A process that dies loses the private cache with it.
+
+use super::buddy::Buddy;
+use crate::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A region's order: 2 MiB of file, one block of the arena.
+pub(crate) const REGION_ORDER: u8 = 9;
+/// Pages per region.
+pub(crate) const REGION_PAGES: u64 = 1 << REGION_ORDER;
+/// The largest fill whose folios are placed (in 4 KiB folios).
+pub(crate) const PLACE_MAX_PAGES: usize = 4;
+
+/// One region: the arena block set aside for 2 MiB of a file.
+#[derive(Debug)]
+struct Region {
+    /// The block's first page.
+    base: u32,
+    /// Pages of the block handed out (bit `k`: page `base + k`).
+    given: [u64; (REGION_PAGES / 64) as usize],
+    /// Whether the pages not handed out are still the region's (false after a release: the
+    /// region hands out nothing more).
+    open: bool,
+}
+
+impl Region {
+    fn is_given(&self, k: usize) -> bool {
+        self.given[k / 64] & (1 << (k % 64)) != 0
+    }
+
+    /// Gives the pages not handed out back to `buddy`; returns how many.
+    fn give_back(&mut self, buddy: &Buddy) -> usize {
+        if !self.open {
+            return 0;
+        }
+        self.open = false;
+        let mut freed = 0;
+        for k in 0..REGION_PAGES as usize {
+            if !self.is_given(k) {
+                buddy.free(self.base + k as u32, 0);
+                freed += 1;
+            }
+        }
+        freed
+    }
+}
+
+/// The regions of a private cache's arena, by (mapping id, region number).
+#[derive(Debug)]
+pub(crate) struct Placement {
+    state: Mutex<State>,
+    /// Pages set aside and not handed out (changed under the lock; read without it, so that
+    /// an allocation that fails does not take the lock when no region holds any).
+    held: AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    regions: HashMap<(u64, u64), Region>,
+    /// New regions refused for this many more tries (after a release found the regions
+    /// mostly unused: a reader too sparse for placement to pay).
+    refuse: usize,
+}
+
+impl Placement {
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Mutex::ranked(crate::sync::order::Rank::Placement, State::default()),
+            held: AtomicUsize::new(0),
+        }
+    }
+
+    /// A page for page `index` of mapping `mapping`: its place in the region's block, with
+    /// the block's first page, `(pfn, base)`. A region without a block takes one now if
+    /// `buddy`, an arena of `pages` pages, has at least a quarter of them free, and no
+    /// back-off is running (see [`Placement::release_all`]). `None`: no block to be had, the
+    /// region was released, or that page was handed out before.
+    pub(crate) fn take(
+        &self,
+        buddy: &Buddy,
+        pages: usize,
+        mapping: u64,
+        index: u64,
+    ) -> Option<(u32, u32)> {
+        let mut state = self.state.lock();
+        let State { regions, refuse } = &mut *state;
+        let key = (mapping, index >> REGION_ORDER);
+        let region = match regions.entry(key) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                if *refuse > 0 {
+                    *refuse -= 1;
+                    return None;
+                }
+                if buddy.free_pages() < pages / 4 {
+                    return None;
+                }
+                let base = buddy.alloc(REGION_ORDER)?;
+                self.held
+                    .fetch_add(REGION_PAGES as usize, Ordering::Relaxed);
+                entry.insert(Region {
+                    base,
+                    given: [0; (REGION_PAGES / 64) as usize],
+                    open: true,
+                })
+            }
+        };
+        let k = (index % REGION_PAGES) as usize;
+        if !region.open || region.is_given(k) {
+            return None;
+        }
+        region.given[k / 64] |= 1 << (k % 64);
+        self.held.fetch_sub(1, Ordering::Relaxed);
+        Some((region.base + k as u32, region.base))
+    }
+
+    /// Every region gives its pages not handed out back (memory ran out). Returns how many.
+    ///
+    /// If the regions had handed out less than a quarter of their pages, the reader is too
+    /// sparse for placement to pay (each region costs a 2 MiB block for a few pages, and the
+    /// blocks would be set aside and given back again and again): new regions are refused
+    /// for the next `pages` tries, as many as the arena has pages.
+    pub(crate) fn release_all(&self, buddy: &Buddy, pages: usize) -> usize {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        let mut state = self.state.lock();
+        let open = state.regions.values().filter(|region| region.open).count();
+        let freed: usize = state
+            .regions
+            .values_mut()
+            .map(|region| region.give_back(buddy))
+            .sum();
+        self.held.fetch_sub(freed, Ordering::Relaxed);
+        if freed > open * REGION_PAGES as usize * 3 / 4 {
+            state.refuse = pages;
+        }
+        freed
+    }
+
+    /// Mapping `mapping` goes: its regions give their pages not handed out back and are
+    /// forgotten. Returns how many pages came back.
+    pub(crate) fn forget(&self, buddy: &Buddy, mapping: u64) -> usize {
+        let mut state = self.state.lock();
+        let mut freed = 0;
+        state.regions.retain(|&(owner, _), region| {
+            if owner != mapping {
+                return true;
+            }
+            freed += region.give_back(buddy);
+            false
+        });
+        self.held.fetch_sub(freed, Ordering::Relaxed);
+        freed
+    }
+
+    /// Pages set aside and not handed out.
+    pub(crate) fn held_pages(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// Pages land at their offset in their region's block, once each; a release gives back
+    /// exactly the pages not handed out and stops the region; forgetting a mapping gives back
+    /// its regions' pages, and with every page handed out freed the arena is whole again.
+    #[test]
+    fn pages_go_to_their_offset_and_come_back() {
+        let pages = 4 << REGION_ORDER;
+        let buddy = Buddy::new(pages, REGION_ORDER).unwrap();
+        let place = Placement::new();
+        let (p7, base) = place.take(&buddy, pages, 1, 7).unwrap();
+        assert_eq!(p7, base + 7);
+        assert_eq!(base % REGION_PAGES as u32, 0, "a naturally aligned block");
+        let (p8, base8) = place.take(&buddy, pages, 1, 8).unwrap();
+        assert_eq!((p8, base8), (base + 8, base));
+        assert_eq!(place.take(&buddy, pages, 1, 7), None, "handed out once");
+        let (q, other) = place.take(&buddy, pages, 1, REGION_PAGES + 3).unwrap();
+        assert_ne!(other, base, "another region, another block");
+        assert_eq!(q, other + 3);
+        // A well-used region: most of its pages handed out.
+        let mut given = vec![p7, p8, q];
+        for index in 200..500 {
+            given.push(place.take(&buddy, pages, 1, index).unwrap().0);
+        }
+        assert_eq!(place.held_pages(), 2 * REGION_PAGES as usize - 303);
+        assert_eq!(buddy.free_pages(), pages - 2 * REGION_PAGES as usize);
+
+        // Memory runs out: the unused pages come back, and the regions place no more.
+        assert_eq!(
+            place.release_all(&buddy, pages),
+            2 * REGION_PAGES as usize - 303
+        );
+        assert_eq!(place.held_pages(), 0);
+        assert_eq!(place.take(&buddy, pages, 1, 9), None, "released");
+        assert_eq!(place.release_all(&buddy, pages), 0, "given back once");
+
+        // The regions were used enough: a new one may be set aside at once, and a mapping
+        // that goes gives its regions' pages back.
+        let (again, theirs) = place.take(&buddy, pages, 2, 7).unwrap();
+        assert_eq!(again, theirs + 7);
+        given.push(again);
+        assert_eq!(place.forget(&buddy, 2), REGION_PAGES as usize - 1);
+        assert_eq!(place.forget(&buddy, 1), 0, "released already");
+        assert_eq!(place.held_pages(), 0);
+        for pfn in given {
+            buddy.free(pfn, 0);
+        }
+        buddy.drain_caches();
+        assert_eq!(buddy.free_pages(), pages);
+        assert_eq!(
+            buddy.free_blocks_by_order()[REGION_ORDER as usize],
+            4,
+            "the pages merged back into whole blocks"
+        );
+    }
+
+    /// Regions given back while mostly unused (a sparse reader) stop new ones for as many
+    /// tries as the arena has pages; pages of a region that still holds some are placed on.
+    #[test]
+    fn a_sparse_reader_backs_off() {
+        let pages = 4 << REGION_ORDER;
+        let buddy = Buddy::new(pages, REGION_ORDER).unwrap();
+        let place = Placement::new();
+        let (first, _) = place.take(&buddy, pages, 1, 0).unwrap();
+        let (second, _) = place.take(&buddy, pages, 1, REGION_PAGES).unwrap();
+        assert_eq!(
+            place.release_all(&buddy, pages),
+            2 * REGION_PAGES as usize - 2
+        );
+        for k in 0..pages as u64 {
+            assert_eq!(
+                place.take(&buddy, pages, 2, k * REGION_PAGES),
+                None,
+                "try {k}"
+            );
+        }
+        assert!(
+            place.take(&buddy, pages, 2, 0).is_some(),
+            "the back-off ends"
+        );
+        let _ = (first, second);
+    }
+
+    /// No region is set aside while less than a quarter of the arena is free.
+    #[test]
+    fn no_region_when_memory_is_short() {
+        let pages = 4 << REGION_ORDER;
+        let buddy = Buddy::new(pages, REGION_ORDER).unwrap();
+        let place = Placement::new();
+        let mut used = Vec::new();
+        while buddy.free_pages() >= pages / 4 {
+            used.push(buddy.alloc(0).unwrap());
+        }
+        let free = buddy.free_pages();
+        assert_eq!(place.take(&buddy, pages, 1, 0), None);
+        assert_eq!(buddy.free_pages(), free, "nothing taken");
+        buddy.free(used.pop().unwrap(), 0);
+        assert!(place.take(&buddy, pages, 1, 0).is_some());
+    }
+}
