@@ -1,6 +1,6 @@
 //! Settings from the environment: `FOLIOCACHE_PATHS`, `FOLIOCACHE_SHARED`,
 //! `FOLIOCACHE_CAPACITY_MB`, `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_IO`,
-//! `FOLIOCACHE_STATS`, `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one clear line on stderr, and the program runs
+//! `FOLIOCACHE_PLACE`, `FOLIOCACHE_STATS`, `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one clear line on stderr, and the program runs
 //! uncached.
 
 use foliocache::EngineKind;
@@ -19,6 +19,9 @@ pub(crate) struct Config {
     pub(crate) writes: Writes,
     /// How the cache reads and writes storage (`FOLIOCACHE_IO`).
     pub(crate) io: EngineKind,
+    /// Whether a private cache places a random reader's pages by their offset
+    /// (`FOLIOCACHE_PLACE=offset`).
+    pub(crate) place_by_offset: bool,
     /// Where to write the counters at exit.
     pub(crate) stats_path: Option<PathBuf>,
     /// The signal lease breaks arrive with (`None`: the library chooses, see `lease`).
@@ -111,6 +114,15 @@ impl Config {
                 ));
             }
         };
+        let place_by_offset = match get("FOLIOCACHE_PLACE").as_deref().map(str::trim) {
+            None | Some("anywhere") => false,
+            Some("offset") => true,
+            Some(text) => {
+                return Err(format!(
+                    "FOLIOCACHE_PLACE={text}: expected `anywhere` (the default) or `offset`"
+                ));
+            }
+        };
         let lease_signal = match get("FOLIOCACHE_LEASE_SIGNAL") {
             None => None,
             Some(text) => {
@@ -156,6 +168,7 @@ impl Config {
             ra_bytes,
             writes,
             io,
+            place_by_offset,
             stats_path,
             lease_signal,
             shared,
@@ -237,6 +250,14 @@ mod tests {
         assert_eq!(config.ra_bytes, None);
         assert_eq!(config.writes, Writes::Through);
         assert_eq!(config.io, EngineKind::Auto);
+        assert!(!config.place_by_offset);
+        let placed = Config::from_env(env(&[
+            ("FOLIOCACHE_PATHS", tmp_text),
+            ("FOLIOCACHE_PLACE", "offset"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert!(placed.place_by_offset);
         assert_eq!(config.shared.as_deref(), Some(DEFAULT_SHARED));
         let private = Config::from_env(env(&[
             ("FOLIOCACHE_PATHS", tmp_text),
@@ -275,6 +296,7 @@ mod tests {
             ("FOLIOCACHE_WRITES", ""),
             ("FOLIOCACHE_IO", "uring"),
             ("FOLIOCACHE_IO", ""),
+            ("FOLIOCACHE_PLACE", "yes"),
             ("FOLIOCACHE_SHARED", "a/b"),
             ("FOLIOCACHE_SHARED", "white space"),
         ] {

@@ -190,7 +190,7 @@ impl Runtime {
             None if registry.cache_failed => return None,
             None => match adapter::new_cache(
                 self.config.capacity,
-                self.config.io,
+                (self.config.io, self.config.place_by_offset),
                 self.config.shared.as_deref(),
             ) {
                 Ok(cache) => registry.cache.insert(cache).clone(),

@@ -403,7 +403,7 @@ pub struct Mapping {
     /// The cache's dirty and writeback page counts, and this mapping's own.
     pages: Arc<PageCounts>,
     own: PageCounts,
-    /// Per 2 MiB region of the file, the first page of the arena block its small fills were
+    /// Per 64 KiB region of the file, the first page of the arena block its small fills were
     /// placed in ([`NO_BLOCK`]: none), made at the first placement (see `mem::place`). Only a
     /// hint for a read's prefetch: it may be stale or wrong, never trusted.
     placed: std::sync::OnceLock<Box<[std::sync::atomic::AtomicU32]>>,
@@ -412,8 +412,9 @@ pub struct Mapping {
 /// A region without a block, in [`Mapping`]'s hint table.
 const NO_BLOCK: u32 = u32::MAX;
 
-/// The most regions a mapping's hint table has (128 GiB of file; reads beyond go without).
-const MAX_HINTED_REGIONS: u64 = 1 << 16;
+/// The most regions a mapping's hint table has (64 GiB of file in 64 KiB regions, a table of
+/// 4 MiB; reads beyond go without).
+const MAX_HINTED_REGIONS: u64 = 1 << 20;
 
 /// Pages dirty and under writeback, in all of a cache's mappings (what throttling looks at),
 /// kept by the mappings as their folios change state (always under a mapping's writer lock).

@@ -329,25 +329,16 @@ fn probes_refuse_blocks_one_request_cannot_carry() {
     }
 }
 
-/// A random reader's 4 KiB fills are placed by their offset in the file: the folios of pages
-/// `i` and `j` of one 2 MiB region lie `j - i` pages apart in the arena, whatever order they
-/// were read in (`mem/place.rs`). When memory runs out the regions give their unused pages
-/// back before anything is evicted, and every read still returns the file's bytes.
+/// With `place_by_offset`, a random reader's 4 KiB fills are placed by their offset in the
+/// file: the folios of pages `i` and `j` of one 64 KiB region lie `j - i` pages apart in the
+/// arena, whatever order they were read in (`mem/place.rs`). When memory runs out the regions
+/// give their unused pages back before anything is evicted, and every read still returns the
+/// file's bytes. Without the option nothing is set aside.
 #[test]
 fn a_random_readers_pages_are_placed_by_offset_and_given_back_under_pressure() {
     let size = 16u64 << 20;
     let path = test_file("disk-placed", size);
     let expected = pattern(size);
-    // 8 MiB: room for four regions at most, then the file's other regions press on memory.
-    let Some(cache) = direct_or_skip(Cache::builder().capacity(8 << 20).build()) else {
-        return;
-    };
-    let Some(file) = direct_or_skip(cache.open(&path)) else {
-        return;
-    };
-    let mut handle = file.handle();
-    handle.advise(foliocache::Advice::Random).unwrap();
-    let mut buf = vec![0u8; 4096];
     let read = |handle: &mut foliocache::Handle, buf: &mut [u8], page: u64| {
         let n = handle.read_at(buf, page << 12).unwrap();
         assert_eq!(n, 4096);
@@ -356,32 +347,50 @@ fn a_random_readers_pages_are_placed_by_offset_and_given_back_under_pressure() {
             "page {page}"
         );
     };
-    // Pages of the first region, out of order.
-    for page in [300u64, 7, 511, 8, 0, 120] {
-        read(&mut handle, &mut buf, page);
+    let pages = [9u64, 3, 15, 4, 0, 12];
+    for place in [false, true] {
+        // 8 MiB: half the file, so that reading all of it presses on memory.
+        let builder = Cache::builder().capacity(8 << 20).place_by_offset(place);
+        let Some(cache) = direct_or_skip(builder.build()) else {
+            return;
+        };
+        let Some(file) = direct_or_skip(cache.open(&path)) else {
+            return;
+        };
+        let mut handle = file.handle();
+        handle.advise(foliocache::Advice::Random).unwrap();
+        let mut buf = vec![0u8; 4096];
+        // Pages of the first region, out of order.
+        for page in pages {
+            read(&mut handle, &mut buf, page);
+        }
+        let held = cache.stats().placed_unused_pages;
+        if !place {
+            assert_eq!(held, 0, "nothing set aside without the option");
+            continue;
+        }
+        let view = foliocache::raw::mapping(&file);
+        let pfn = |page: u64| view.lookup(page).expect("cached").id();
+        let base = pfn(0);
+        assert_eq!(base % 16, 0, "the region's block is naturally aligned");
+        for page in pages {
+            assert_eq!(pfn(page), base + page as u32, "page {page} at its offset");
+        }
+        assert_eq!(held, 16 - 6, "the region's other pages wait for the file");
+        // Pages of the whole file at random: far more than the cache holds.
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            read(&mut handle, &mut buf, x % (size >> 12));
+        }
+        // Eviction frees a few dozen pages at a time, never the quarter of the arena a new
+        // region needs: once given back, no region holds pages again.
+        let stats = cache.stats();
+        assert_eq!(
+            stats.placed_unused_pages, 0,
+            "the regions gave their unused pages back: {stats:?}"
+        );
     }
-    let view = foliocache::raw::mapping(&file);
-    let pfn = |page: u64| view.lookup(page).expect("cached").id();
-    let base = pfn(0);
-    assert_eq!(base % 512, 0, "the region's block is naturally aligned");
-    for page in [300u64, 7, 511, 8, 120] {
-        assert_eq!(pfn(page), base + page as u32, "page {page} at its offset");
-    }
-    let held = cache.stats().placed_unused_pages;
-    assert_eq!(held, 512 - 6, "the region's other pages wait for the file");
-    // Every page of the file at random: far more than the cache holds.
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for _ in 0..20_000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        read(&mut handle, &mut buf, x % (size >> 12));
-    }
-    let stats = cache.stats();
-    // Eviction frees a few dozen pages at a time, never the quarter of the arena a new
-    // region needs: once given back, no region holds pages again.
-    assert_eq!(
-        stats.placed_unused_pages, 0,
-        "the regions gave their unused pages back: {stats:?}"
-    );
 }

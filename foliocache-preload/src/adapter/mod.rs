@@ -557,10 +557,13 @@ fn kernel_size(fd: RawFd) -> Option<u64> {
 /// (whose settings, `io` among them, are the ones of the process that created it).
 pub(crate) fn new_cache(
     capacity: u64,
-    io: foliocache::EngineKind,
+    (io, place_by_offset): (foliocache::EngineKind, bool),
     shared: Option<&str>,
 ) -> Result<Cache, String> {
-    let mut builder = Cache::builder().capacity(capacity).io_engine(io);
+    let mut builder = Cache::builder()
+        .capacity(capacity)
+        .io_engine(io)
+        .place_by_offset(place_by_offset);
     if let Some(name) = shared {
         builder = builder.shared(name);
         if std::env::var_os("FOLIOCACHE_OWNER").is_none()

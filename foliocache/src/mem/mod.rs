@@ -110,6 +110,8 @@ pub(crate) struct Memory {
     pub(crate) shared: Option<(Arc<shared::SharedMap>, Arc<nodes::ArenaNodes>)>,
     /// Blocks of the arena set aside for files' regions (a private cache's; see `place`).
     placement: place::Placement,
+    /// Whether small fills are placed by offset (`CacheBuilder::place_by_offset`).
+    placing: bool,
 }
 
 /// The folio table: on the heap (a small private cache), in huge pages of its own (a private
@@ -305,6 +307,7 @@ impl Memory {
             #[cfg(not(loom))]
             shared: None,
             placement: place::Placement::new(),
+            placing: false,
         })
     }
 
@@ -346,6 +349,7 @@ impl Memory {
             inject: Arc::default(),
             shared: Some((map, nodes)),
             placement: place::Placement::new(),
+            placing: false,
         })
     }
 
@@ -517,20 +521,25 @@ impl Memory {
 
     /// An order-0 folio for page `index` of mapping `mapping`, placed at the page's offset
     /// in the arena block of its region (see [`place`]), with the block's first page: `None`
-    /// where the page cannot be placed (a shared cache, an arena without 2 MiB blocks, no
-    /// block to be had, or the page was placed before). The caller then allocates as usual.
+    /// where the page cannot be placed (placement off, a shared cache, no block to be had,
+    /// or the page was placed before). The caller then allocates as usual.
     pub(crate) fn alloc_placed(&self, mapping: u64, index: u64) -> Option<(NewFolio<'_>, u32)> {
         #[cfg(not(loom))]
         if self.shared.is_some() {
             return None;
         }
-        if self.max_order < place::REGION_ORDER || self.inject.armed() {
+        if !self.placing || self.max_order < place::REGION_ORDER || self.inject.armed() {
             return None;
         }
         let (pfn, base) = self
             .placement
             .take(self.grace.buddy(), self.pages(), mapping, index)?;
         Some((self.new_life(pfn, 0), base))
+    }
+
+    /// Places small fills by offset from now on, or not (a cache being built).
+    pub(crate) fn set_placing(&mut self, on: bool) {
+        self.placing = on;
     }
 
     /// Regions give back the pages they hold unused (memory ran out). Returns how many.

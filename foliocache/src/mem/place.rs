@@ -3,9 +3,10 @@
 //! A random reader's folios are filled one or two at a time, and the allocator hands each fill
 //! whatever pages its per-thread list holds: page 7 of a file and page 8 end up anywhere in
 //! the arena. A read then learns where its folio is only from the index's leaf, and the misses
-//! on the leaf, the descriptor and the bytes follow one another. Here a private cache instead
-//! sets aside a 2 MiB block of the arena (a *region*) for each 2 MiB of a file that small fills
-//! reach, and puts page `i` at offset `i % 512` of its region's block. So:
+//! on the leaf, the descriptor and the bytes follow one another. A private cache built with
+//! `CacheBuilder::place_by_offset` instead sets aside a 64 KiB block of the arena (a *region*)
+//! for each 64 KiB of a file that small fills reach, and puts page `i` at offset `i % 16` of
+//! its region's block. So:
 //! * the read can ask for the bytes and the descriptor *before* walking the index: the
 //!   block's first page is in the mapping's hint table ([`crate::mapping::Mapping`]), a small
 //!   array of one word per region that stays in the CPU's caches. The three misses overlap.
@@ -14,7 +15,8 @@
 //! * a block that spans two pages (a RocksDB block of 4 KiB and its trailer) lies in one
 //!   run of memory, and its two descriptors are neighbours in the folio table.
 //!
-//! Measured in docs/BENCHMARKS.md ("Pages placed by their offset").
+//! Measured in docs/BENCHMARKS.md ("Pages placed by their offset"), with what it costs: the
+//! regions spread a sparse reader's data over more of the arena. Off by default.
 //!
 //! # Which fills, and how much memory
 //! Only fills of at most [`PLACE_MAX_PAGES`] 4 KiB folios (a random reader's; readahead
@@ -25,7 +27,7 @@
 //! ([`Placement::release_all`]) and takes no more pages (its hint stays right for the pages
 //! it did place), before anything is evicted. If the regions had used less than a quarter of
 //! their pages, the reader is too sparse for placement to pay, and no new region is set aside
-//! for a while (as many tries as the arena has pages): a 2 MiB block for each few pages would
+//! for a while (as many tries as the arena has pages): a block for each page or two would
 //! otherwise be set aside and given back again and again. A file's regions give their unused
 //! pages back when its mapping goes ([`Placement::forget`]).
 //!
@@ -44,20 +46,24 @@ use crate::sync::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A region's order: 2 MiB of file, one block of the arena.
-pub(crate) const REGION_ORDER: u8 = 9;
+/// A region's order: 64 KiB of file, one block of the arena. (2 MiB regions cost a sparse
+/// reader a 2 MiB block per page it read, and made `fcache bench multiproc`'s cold random
+/// reads 8–18% slower.)
+pub(crate) const REGION_ORDER: u8 = 4;
 /// Pages per region.
 pub(crate) const REGION_PAGES: u64 = 1 << REGION_ORDER;
+/// Words of a region's bitmap of pages handed out.
+const GIVEN_WORDS: usize = REGION_PAGES.div_ceil(64) as usize;
 /// The largest fill whose folios are placed (in 4 KiB folios).
 pub(crate) const PLACE_MAX_PAGES: usize = 4;
 
-/// One region: the arena block set aside for 2 MiB of a file.
+/// One region: the arena block set aside for 64 KiB of a file.
 #[derive(Debug)]
 struct Region {
     /// The block's first page.
     base: u32,
     /// Pages of the block handed out (bit `k`: page `base + k`).
-    given: [u64; (REGION_PAGES / 64) as usize],
+    given: [u64; GIVEN_WORDS],
     /// Whether the pages not handed out are still the region's (false after a release: the
     /// region hands out nothing more).
     open: bool,
@@ -140,7 +146,7 @@ impl Placement {
                     .fetch_add(REGION_PAGES as usize, Ordering::Relaxed);
                 entry.insert(Region {
                     base,
-                    given: [0; (REGION_PAGES / 64) as usize],
+                    given: [0; GIVEN_WORDS],
                     open: true,
                 })
             }
@@ -157,7 +163,7 @@ impl Placement {
     /// Every region gives its pages not handed out back (memory ran out). Returns how many.
     ///
     /// If the regions had handed out less than a quarter of their pages, the reader is too
-    /// sparse for placement to pay (each region costs a 2 MiB block for a few pages, and the
+    /// sparse for placement to pay (each region costs a block for a page or two, and the
     /// blocks would be set aside and given back again and again): new regions are refused
     /// for the next `pages` tries, as many as the arena has pages.
     pub(crate) fn release_all(&self, buddy: &Buddy, pages: usize) -> usize {
@@ -221,21 +227,20 @@ mod tests {
         let (q, other) = place.take(&buddy, pages, 1, REGION_PAGES + 3).unwrap();
         assert_ne!(other, base, "another region, another block");
         assert_eq!(q, other + 3);
-        // A well-used region: most of its pages handed out.
+        // Well-used regions: more than a quarter of their pages handed out.
         let mut given = vec![p7, p8, q];
-        for index in 200..500 {
+        let rp = REGION_PAGES;
+        for index in (9..rp).chain(rp + 4..rp + 12) {
             given.push(place.take(&buddy, pages, 1, index).unwrap().0);
         }
-        assert_eq!(place.held_pages(), 2 * REGION_PAGES as usize - 303);
-        assert_eq!(buddy.free_pages(), pages - 2 * REGION_PAGES as usize);
+        let unused = 2 * rp as usize - given.len();
+        assert_eq!(place.held_pages(), unused);
+        assert_eq!(buddy.free_pages(), pages - 2 * rp as usize);
 
         // Memory runs out: the unused pages come back, and the regions place no more.
-        assert_eq!(
-            place.release_all(&buddy, pages),
-            2 * REGION_PAGES as usize - 303
-        );
+        assert_eq!(place.release_all(&buddy, pages), unused);
         assert_eq!(place.held_pages(), 0);
-        assert_eq!(place.take(&buddy, pages, 1, 9), None, "released");
+        assert_eq!(place.take(&buddy, pages, 1, 5), None, "released");
         assert_eq!(place.release_all(&buddy, pages), 0, "given back once");
 
         // The regions were used enough: a new one may be set aside at once, and a mapping
