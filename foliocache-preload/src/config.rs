@@ -1,7 +1,7 @@
 //! Settings from the environment: `FOLIOCACHE_PATHS`, `FOLIOCACHE_SHARED`,
 //! `FOLIOCACHE_CAPACITY_MB`, `FOLIOCACHE_RA_KB`, `FOLIOCACHE_WRITES`, `FOLIOCACHE_IO`,
-//! `FOLIOCACHE_PLACE`, `FOLIOCACHE_STATS`, `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one clear line on stderr, and the program runs
-//! uncached.
+//! `FOLIOCACHE_PLACE`, `FOLIOCACHE_STATS`, `FOLIOCACHE_LEASE_SIGNAL`. A bad value is one
+//! clear line on stderr, and the program runs uncached.
 
 use foliocache::EngineKind;
 use std::path::{Path, PathBuf};

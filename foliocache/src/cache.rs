@@ -138,11 +138,12 @@ impl CacheBuilder {
     /// gets a block of the arena, and page `i` goes to offset `i % 16` in it; a random read then
     /// asks for its folio's bytes before it walks the index, and a read spanning two pages
     /// finds them side by side. Worth it for a reader that goes on to read most of the file at
-    /// random (a database's table files: db_bench's warm random reads spent about a fifth less
-    /// CPU in the cache). It costs memory for a sparse one: the blocks' unused pages are held
-    /// until memory runs out ([`Stats::placed_unused_pages`]), and with huge pages the blocks
-    /// spread the cache's data over more of the arena, so the process's resident memory
-    /// reaches the capacity sooner. See docs/BENCHMARKS.md, "Pages placed by their offset".
+    /// random (a database's table files: the cache's serving of db_bench's warm random reads
+    /// took about 15% less CPU). It costs memory for a sparse one: the blocks' unused pages
+    /// are held until memory runs out ([`Stats::placed_unused_pages`]), and with huge pages
+    /// the blocks spread the cache's data over more of the arena, so the process's resident
+    /// memory reaches the capacity sooner. See docs/BENCHMARKS.md, "Pages placed by their
+    /// offset".
     pub fn place_by_offset(mut self, on: bool) -> Self {
         self.place_by_offset = on;
         self
