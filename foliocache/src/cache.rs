@@ -613,10 +613,11 @@ pub struct Stats {
     /// Bytes of the arena faulted in ahead of the allocator by its populator
     /// ([`CacheBuilder::populate_ahead`]).
     pub populated_ahead_bytes: u64,
-    /// Pages a private cache set aside for files' regions and has not used yet: a random
-    /// reader's 4 KiB folios go to their offsets in a 2 MiB block per 2 MiB of the file, and
-    /// the rest of the block waits for that file's next pages. Not counted in `free_pages`;
-    /// they come back at once when memory runs out, and when the file goes.
+    /// Pages a private cache built with [`CacheBuilder::place_by_offset`] set aside for
+    /// files' regions and has not used yet: a random reader's 4 KiB folios go to their offsets
+    /// in a 64 KiB block per 64 KiB of the file, and the rest of the block waits for that
+    /// file's next pages. Not counted in `free_pages`; they come back at once when memory runs
+    /// out, and when the file goes. Always 0 without the option.
     pub placed_unused_pages: u64,
     /// Dirty memory: pages dirty and under writeback, the thresholds, pages written back.
     pub dirty: DirtyStats,
