@@ -23,7 +23,7 @@ use crate::policy::RefcountPolicy;
 use crate::readahead::RaState;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -212,7 +212,7 @@ impl Attachment {
         // Every call the recovery makes is the library's own (reading an owner's start time
         // in /proc, the owner's log and spawn), whatever called the cache: see
         // `starting_owner`.
-        let _starting = Mark::set(&STARTING_OWNER, true);
+        let _starting = Starting::set();
         self.recover_locked(seen)
     }
 
@@ -661,8 +661,44 @@ std::thread_local! {
 /// a request (a process whose owner died starts the next one): a program that
 /// interposes those calls, as the preload library does, must pass them straight through, and
 /// not flush or ask the cache anything, which would wait for this very start.
+#[inline]
 pub fn starting_owner() -> bool {
+    // Most calls come while no thread is starting one: a plain load, and no thread-local
+    // lookup (in a shared library each is a call). A thread that marks itself counts first,
+    // so it sees its own count.
+    STARTERS.load(Ordering::Relaxed) != 0 && marked_starting()
+}
+
+/// This thread's mark. Not inlined: the compiler would otherwise look the thread-local up
+/// before the count's test, on every call.
+#[inline(never)]
+fn marked_starting() -> bool {
     STARTING_OWNER.get()
+}
+
+/// How many threads are marked as starting an owner (see [`starting_owner`]).
+static STARTERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Marks this thread as starting an owner for a scope ([`starting_owner`]); the mark before
+/// is put back when dropped (also when a panic unwinds through the scope).
+struct Starting {
+    outer: bool,
+}
+
+impl Starting {
+    fn set() -> Self {
+        STARTERS.fetch_add(1, Ordering::Relaxed);
+        Self {
+            outer: STARTING_OWNER.replace(true),
+        }
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        STARTING_OWNER.set(self.outer);
+        STARTERS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A file opened through a shared cache in this process.
@@ -1355,7 +1391,7 @@ fn start_owner(
     program: Option<&Path>,
     memfd: Option<&OwnedFd>,
 ) -> Result<bool, Error> {
-    let _starting = Mark::set(&STARTING_OWNER, true);
+    let _starting = Starting::set();
     start_owner_marked(paths, settings, program, memfd)
 }
 
