@@ -63,6 +63,7 @@ mod guard;
 mod hooks;
 mod lease;
 mod own_fds;
+mod readers;
 mod real;
 mod serving;
 #[cfg(not(test))]

@@ -3,20 +3,25 @@
 //!
 //! # Protocol
 //! One slot per fd number below [`MAX_FDS`] (a static array: no allocation, no lock). A slot
-//! holds a raw `Arc<Description>` pointer and a count of *readers*: threads between loading the
-//! pointer and finishing their use of it.
+//! holds a raw `Arc<Description>` pointer and a counter of *readers* for the threads that
+//! cannot use a record (below).
 //! * [`get`] (every read, write, seek): if the slot is empty, return at once (the common case
-//!   for sockets, pipes and files outside `FOLIOCACHE_PATHS`, one load). Otherwise increment
-//!   `readers`, load the pointer, and hand out an [`FdRef`] that decrements on drop.
-//! * [`install`] and [`remove`] (open, dup, close) swap the pointer, then wait until `readers`
-//!   is 0 before dropping the old `Arc`: a reader that loaded it has finished with it. All
-//!   accesses are `SeqCst`, so a reader either counted itself before the swap (the remover
-//!   waits for it) or loads the new value.
+//!   for sockets, pipes and files outside `FOLIOCACHE_PATHS`, one load). Otherwise the thread
+//!   marks itself reading the fd, in its own record of `readers` (a store and, where the
+//!   kernel offers `membarrier`, no barrier instruction) or, nested or without a record, in
+//!   the slot's counter; then it loads the pointer and hands out an [`FdRef`] that takes the
+//!   mark back on drop. `readers`' module documentation has the protocol and its argument.
+//! * [`install`] and [`remove`] (open, dup, close) swap the pointer, make the process-wide
+//!   barrier where the readers rely on it, then wait until no thread is marked reading the
+//!   fd since before the swap: a reader that loaded the old pointer has finished with it.
+//!   Only then is the old `Arc` dropped.
 //!
 //! Readers never wait and take no lock, so a hook interrupted by a signal whose handler reads
 //! the same fd cannot deadlock here. A remover does wait, but only for readers of that fd; a
 //! remover that is itself nested (a signal handler closing an fd the interrupted code was
 //! reading) does not wait and leaks the old description instead of freeing it under a reader.
+//! So does a remover whose process-wide barrier fails (a system call filter installed after
+//! the process chose the barrier): the description is leaked, reported once on stderr.
 //!
 //! Removing the program's last fd of an inode runs the inode's last close
 //! (`Inode::last_close`: write back, release the lease, close the library's descriptor) before
@@ -30,7 +35,11 @@
 //! locks and everything not intercepted keep working on it.
 
 use crate::adapter::{Inode, SyncKind};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use crate::guard::{self, HookThread};
+use crate::readers::{self, Barrier, Held, Records};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering,
+};
 use std::sync::{Arc, Mutex};
 
 /// fds at or above this number are never intercepted (they pass through).
@@ -126,30 +135,89 @@ static TABLE: [Slot; MAX_FDS] = [const {
 /// One past the highest fd ever installed (so scans stop early).
 static HIGH_WATER: AtomicU32 = AtomicU32::new(0);
 
-/// A description in use through an fd; the slot cannot free it until this is dropped.
+/// The threads' records (see `readers`).
+static RECORDS: Records = Records::new();
+
+/// How readers order their mark before the pointer's load: chosen at the first install
+/// (before any reader can find a pointer), from the process's epoch barrier.
+static BARRIER: AtomicU8 = AtomicU8::new(UNSET);
+const UNSET: u8 = 0;
+const SYMMETRIC: u8 = 1;
+const ASYMMETRIC: u8 = 2;
+
+/// The readers' barrier; a reader that finds it not yet chosen fences (always safe).
+#[inline]
+fn barrier() -> Barrier {
+    if BARRIER.load(Ordering::Relaxed) == ASYMMETRIC {
+        Barrier::Asymmetric
+    } else {
+        Barrier::Symmetric
+    }
+}
+
+/// Chooses the readers' barrier once: asymmetric when the process's epochs are (they have
+/// registered it for `membarrier`).
+fn choose_barrier() {
+    if BARRIER.load(Ordering::Relaxed) == UNSET {
+        let chosen = match foliocache::epoch_barrier() {
+            foliocache::EpochBarrier::Asymmetric => ASYMMETRIC,
+            foliocache::EpochBarrier::Symmetric => SYMMETRIC,
+        };
+        let _ = BARRIER.compare_exchange(UNSET, chosen, Ordering::SeqCst, Ordering::SeqCst);
+    }
+}
+
+/// A description in use through an fd; the slot cannot free it until this is dropped. Not
+/// `Send`: it holds this thread's mark and state.
 pub(crate) struct FdRef {
-    slot: &'static Slot,
+    _held: Held<'static>,
     description: *const Description,
+    thread: *const HookThread,
+}
+
+impl FdRef {
+    /// Marks this thread as inside a hook (`guard::enter`), with the state `get` looked up.
+    #[inline]
+    pub(crate) fn enter(&self) -> Option<guard::Entered> {
+        guard::enter_on(self.thread)
+    }
 }
 
 impl std::ops::Deref for FdRef {
     type Target = Description;
     fn deref(&self) -> &Description {
-        // SAFETY: the pointer came from Arc::into_raw in `install` and was loaded while this
-        // FdRef's count was in `readers`; removers wait for `readers` to drop to 0 before
-        // dropping the Arc, so the Description is alive for the FdRef's whole life.
+        // SAFETY: the pointer came from Arc::into_raw in `install` and was loaded after this
+        // FdRef's mark was made (`readers::enter`); removers wait for every such mark to be
+        // taken back before dropping the Arc, so the Description is alive for the FdRef's
+        // whole life.
         unsafe { &*self.description }
-    }
-}
-
-impl Drop for FdRef {
-    fn drop(&mut self) {
-        self.slot.readers.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 fn slot(fd: i32) -> Option<&'static Slot> {
     usize::try_from(fd).ok().and_then(|fd| TABLE.get(fd))
+}
+
+/// The tag a reader of `fd` marks its record with (never 0).
+fn tag(fd: i32) -> u32 {
+    fd as u32 + 1
+}
+
+/// This thread's record, claimed on its first read of a served fd.
+fn record(thread: &HookThread) -> Option<&'static readers::Record> {
+    let index = thread.record(|| {
+        // SAFETY: gettid takes no arguments.
+        let tid = unsafe { libc::gettid() };
+        RECORDS.claim(tid, |owner| !thread_alive(owner))
+    })?;
+    RECORDS.get(index)
+}
+
+/// Whether the thread `tid` of this process still exists.
+fn thread_alive(tid: i32) -> bool {
+    // SAFETY: tgkill with signal 0 only checks that the thread exists; integer arguments.
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// The description of `fd` if the cache serves it.
@@ -158,13 +226,19 @@ pub(crate) fn get(fd: i32) -> Option<FdRef> {
     if slot.description.load(Ordering::Relaxed).is_null() {
         return None;
     }
-    slot.readers.fetch_add(1, Ordering::SeqCst);
+    let thread = guard::this_thread();
+    // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
+    let record = record(unsafe { &*thread });
+    let held = readers::enter(record, &slot.readers, tag(fd), barrier());
     let description = slot.description.load(Ordering::SeqCst);
     if description.is_null() {
-        slot.readers.fetch_sub(1, Ordering::SeqCst);
         return None;
     }
-    Some(FdRef { slot, description })
+    Some(FdRef {
+        _held: held,
+        description,
+        thread,
+    })
 }
 
 /// A new reference to `fd`'s description (for dup), if the cache serves it.
@@ -199,11 +273,12 @@ pub(crate) fn install(fd: i32, description: Arc<Description>, nested: bool) {
         uncache(&description);
     }
     description.inode.fd_installed();
+    choose_barrier();
     let old = slot
         .description
         .swap(Arc::into_raw(description).cast_mut(), Ordering::SeqCst);
     HIGH_WATER.fetch_max(fd as u32 + 1, Ordering::Relaxed);
-    retire(slot, old, nested);
+    retire(fd, slot, old, nested);
 }
 
 /// Makes `fd` pass through again (it was closed). Returns whether it was served.
@@ -216,35 +291,27 @@ pub(crate) fn remove(fd: i32, nested: bool) -> bool {
         .description
         .swap(std::ptr::null_mut(), Ordering::SeqCst);
     let was = !old.is_null();
-    retire(slot, old, nested);
+    retire(fd, slot, old, nested);
     was
 }
 
-fn retire(slot: &Slot, old: *mut Description, nested: bool) {
+fn retire(fd: i32, slot: &Slot, old: *mut Description, nested: bool) {
     if old.is_null() {
         return;
     }
-    if nested {
+    if nested || !readers_done(fd, slot) {
         // A signal handler closing an fd: waiting for readers could deadlock (its
         // interrupted thread may be one), and dropping the description takes its inode's
-        // lock (which that thread may hold). The description is leaked; its inode counts
-        // the fd gone but keeps its descriptor (no last close here, see the module doc).
+        // lock (which that thread may hold). Or the process-wide barrier failed, so readers
+        // cannot be waited for. The description is leaked; its inode counts the fd gone but
+        // keeps its descriptor (no last close here, see the module doc).
         // SAFETY: `old` came from Arc::into_raw in `install` and is not dropped yet (this
         // function owns the slot's reference to it, and leaks it).
         unsafe { &*old }.inode.fd_removed();
         return;
     }
-    let mut spins = 0u32;
-    while slot.readers.load(Ordering::SeqCst) != 0 {
-        spins += 1;
-        if spins < 100 {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-    }
     // SAFETY: `old` came from Arc::into_raw in `install`, the slot no longer holds it, and no
-    // reader holds it any more (readers was 0 after the swap): this is its last use here.
+    // reader holds it any more (`readers_done`): this is its last use here.
     let old = unsafe { Arc::from_raw(old) };
     if old.inode.fd_removed() && !nested {
         // The program's last fd of the file: before its real close (see the module doc).
@@ -257,6 +324,27 @@ fn retire(slot: &Slot, old: *mut Description, nested: bool) {
         return;
     }
     drop(old);
+}
+
+/// After `fd`'s pointer was swapped out: waits until no thread can still use the old one.
+/// `false` if that cannot be known (the process-wide barrier failed).
+fn readers_done(fd: i32, slot: &Slot) -> bool {
+    if barrier() == Barrier::Asymmetric
+        && let Err(e) = foliocache::process_barrier()
+    {
+        static TOLD: AtomicBool = AtomicBool::new(false);
+        if !TOLD.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "foliocache-preload: membarrier failed ({e}); closed files' descriptions are \
+                 no longer freed in this process"
+            );
+        }
+        return false;
+    }
+    // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
+    let me = unsafe { &*guard::this_thread() }.claimed();
+    RECORDS.wait(&slot.readers, tag(fd), me, thread_alive);
+    true
 }
 
 /// Calls `each(fd, description)` for every served fd (fork handlers, stats).
@@ -291,4 +379,7 @@ pub(crate) fn forget_all() {
             .store(std::ptr::null_mut(), Ordering::SeqCst);
         slot.readers.store(0, Ordering::SeqCst);
     }
+    RECORDS.forget_all();
+    // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
+    unsafe { &*guard::this_thread() }.forget_record();
 }

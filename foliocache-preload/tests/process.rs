@@ -41,29 +41,11 @@ fn forks_execs_and_signal_handlers_read_right_and_never_hang() {
             writes,
             stats: &stats_path,
         };
-        let mut child = command(&dir, with, exe, &["stress", data, &each.to_string()])
-            .env("FOLIOCACHE_CAPACITY_MB", "8")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(each + 60);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                // The process group would be cleaner; the stress program's children are short.
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "{writes:?}: the program hung (killed after {} s)",
-                    each + 60
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let out = child.wait_with_output().unwrap();
+        let mut cmd = command(&dir, with, exe, &["stress", data, &each.to_string()]);
+        cmd.env("FOLIOCACHE_CAPACITY_MB", "8");
+        // The process group would be cleaner on a hang; the stress program's children are short.
+        let out = output_within(cmd, Duration::from_secs(each + 60), &format!("{writes:?}"));
+        let status = out.status;
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             status.success(),
@@ -215,10 +197,7 @@ fn reads_from_many_threads_are_each_counted_once() {
     let dir = work_dir("counted-reads");
     let exe = compile_c(&dir, "counted_reads", include_str!("c/counted_reads.c"));
     let data = dir.join("data");
-    let bytes: Vec<u8> = (0..16u8)
-        .flat_map(|page| std::iter::repeat_n(b'A' + page, 4096))
-        .collect();
-    std::fs::write(&data, &bytes).unwrap();
+    paged_file(&data, b'A');
     let (threads, each) = (40u64, 3000u64);
     let stats_path = dir.join("stats.jsonl");
     let with = With::Library {
@@ -408,6 +387,88 @@ fn the_io_engine_is_the_one_asked_for() {
         let s = stats(&stats_path);
         assert_eq!(s.bytes_from_cache, 4 * 4096, "{io}: {s:?}");
     }
+}
+
+/// The fd table's readers (`src/readers.rs`) against its removers, with real threads: reader
+/// threads read random pages of one fd number while the main thread keeps putting another
+/// file under it (open, `dup2` over it, close), and readers keep exiting and starting, 600 at
+/// least, more than the table has reader records (`tests/c/fd_swaps.c`). Every read must be
+/// one whole page of one of the two files (the oracle: each file's pattern), the program must
+/// not hang, and the cache must have served reads (the protocol under test is the served
+/// path's). Duration: `FOLIOCACHE_STRESS_SECS` (default 2).
+#[test]
+fn readers_of_an_fd_swapped_under_them_read_one_file_or_the_other() {
+    if !have("gcc") {
+        return;
+    }
+    let dir = work_dir("fd-swaps");
+    let exe = compile_c(&dir, "fd_swaps", include_str!("c/fd_swaps.c"));
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    paged_file(&a, b'A');
+    paged_file(&b, b'a');
+    let secs = std::env::var("FOLIOCACHE_STRESS_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(2);
+    let stats_path = dir.join("stats.jsonl");
+    let with = With::Library {
+        cache: CacheMode::Private,
+        writes: Writes::Through,
+        stats: &stats_path,
+    };
+    let args = [
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+        &secs.to_string(),
+        "3",
+    ];
+    let cmd = command(&dir, with, exe.to_str().unwrap(), &args);
+    let out = output_within(cmd, Duration::from_secs(20 * secs + 90), "fd_swaps");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.ends_with("ok\n"),
+        "{}: {stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = stats(&stats_path);
+    assert!(s.bytes_from_cache > 0, "no read was served: {s:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A 64 KiB file whose page `p` is all `first + p`.
+fn paged_file(path: &std::path::Path, first: u8) {
+    let bytes: Vec<u8> = (0..16u8)
+        .flat_map(|page| std::iter::repeat_n(first + page, 4096))
+        .collect();
+    std::fs::write(path, &bytes).unwrap();
+}
+
+/// Runs `cmd` to its end with its output captured; a run longer than `limit` is killed and
+/// fails the test as a hang (`what` names it).
+fn output_within(
+    mut cmd: std::process::Command,
+    limit: Duration,
+    what: &str,
+) -> std::process::Output {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + limit;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{what}: the program hung (killed after {} s)",
+                limit.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
 }
 
 /// A test program's run must succeed and print `ok`.

@@ -23,8 +23,6 @@
 //! only passed on to libc, which reads it only when the flags say it is there.
 
 use libc::{c_char, c_int, c_uint, c_void, off64_t, size_t, ssize_t};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod around;
 mod exec;
@@ -45,30 +43,9 @@ fn set_errno(errno: c_int) {
 /// The largest single read or write Linux does (`MAX_RW_COUNT`).
 const MAX_RW: usize = 0x7fff_f000;
 
-thread_local! {
-    /// This thread's number (in order of first use): its preferred readahead slot in a
-    /// description, and its shard of the read counters.
-    static NUMBER: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-static NEXT_NUMBER: AtomicUsize = AtomicUsize::new(0);
-
-/// This thread's number: no other thread of the process has it (the read counters rely on
-/// that). A thread whose thread-locals are already destroyed gets `usize::MAX`, which no
-/// thread is given (and which `stats::read_served` counts in its shared shard).
-fn thread_number() -> usize {
-    NUMBER
-        .try_with(|number| {
-            if number.get() == usize::MAX {
-                number.set(NEXT_NUMBER.fetch_add(1, Ordering::Relaxed));
-            }
-            number.get()
-        })
-        .unwrap_or(usize::MAX)
-}
-
 /// This thread's preferred readahead slot in a description.
 fn preferred_slot() -> usize {
-    thread_number() % crate::adapter::HANDLE_SLOTS
+    crate::guard::thread_number() % crate::adapter::HANDLE_SLOTS
 }
 
 /// A call's 0 or -1 and errno, from the cache's answer.

@@ -2,8 +2,8 @@
 //! the description's offset (moving it) or at the given one; a hook nested in another, or a
 //! file passing through, reads with the real call.
 
-use super::{MAX_RW, set_errno, thread_number};
-use crate::guard::{self, Entered};
+use super::{MAX_RW, set_errno};
+use crate::guard::Entered;
 use crate::table::{self, Description};
 use crate::{real, stats};
 use libc::{c_int, c_void, iovec, off_t, off64_t, size_t, ssize_t};
@@ -27,7 +27,10 @@ unsafe fn read_at(
         // SAFETY: the caller's buffer promise, passed on.
         unsafe { real::pread64(fd, buf, count, pos as off64_t) }
     };
-    if outer.is_none() || !d.readable || count == 0 || buf.is_null() || pos > i64::MAX as u64 {
+    let Some(outer) = outer else {
+        return pass();
+    };
+    if !d.readable || count == 0 || buf.is_null() || pos > i64::MAX as u64 {
         return pass();
     }
     let count = count.min(MAX_RW);
@@ -35,7 +38,7 @@ unsafe fn read_at(
     // bytes and not used by anyone else during the call.
     let slice = unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), count) };
     let advice = d.advice.load(Ordering::Relaxed);
-    let thread = thread_number();
+    let thread = outer.thread().number();
     let slot = thread % crate::adapter::HANDLE_SLOTS;
     match d.inode.read(fd, &d.handles, slot, advice, slice, pos) {
         Some(Ok(n)) => {
@@ -107,7 +110,7 @@ pub unsafe extern "C" fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssi
         // SAFETY: passed on unchanged.
         return unsafe { real::read(fd, buf, count) };
     };
-    let outer = guard::enter();
+    let outer = d.enter();
     // SAFETY: read(2)'s contract, passed on.
     at_offset(&d, fd, |pos| unsafe {
         read_at(&d, fd, buf, count, pos, outer.as_ref())
@@ -131,7 +134,7 @@ pub unsafe extern "C" fn pread64(
         // SAFETY: passed on unchanged (the kernel reports EINVAL).
         return unsafe { real::pread64(fd, buf, count, offset) };
     }
-    let outer = guard::enter();
+    let outer = d.enter();
     // SAFETY: pread(2)'s contract, passed on.
     unsafe { read_at(&d, fd, buf, count, offset as u64, outer.as_ref()) }
 }
@@ -157,7 +160,7 @@ pub unsafe extern "C" fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> s
         // SAFETY: passed on unchanged.
         return unsafe { real::readv(fd, iov, iovcnt) };
     };
-    let outer = guard::enter();
+    let outer = d.enter();
     // SAFETY: readv(2)'s contract, passed on.
     at_offset(&d, fd, |pos| unsafe {
         readv_at(&d, fd, iov, iovcnt, pos, outer.as_ref())
@@ -175,7 +178,7 @@ pub unsafe extern "C" fn preadv64(
 ) -> ssize_t {
     match table::get(fd) {
         Some(d) if offset >= 0 => {
-            let outer = guard::enter();
+            let outer = d.enter();
             // SAFETY: preadv(2)'s contract, passed on.
             unsafe { readv_at(&d, fd, iov, iovcnt, offset as u64, outer.as_ref()) }
         }
@@ -216,7 +219,7 @@ pub unsafe extern "C" fn preadv64v2(
         // SAFETY: passed on unchanged.
         return unsafe { real::preadv64v2(fd, iov, iovcnt, offset, flags) };
     };
-    let outer = guard::enter();
+    let outer = d.enter();
     let outer = match outer {
         Some(outer) if flags == 0 => Some(outer),
         // Write-back: hints only, served from the cache, which has the newest bytes.

@@ -1,0 +1,128 @@
+/* Readers of one fd number while the program keeps putting another file under it (open,
+ * dup2 over it, close), and new reader threads keep starting (more, over the run, than the fd
+ * table has reader records, so records of exited threads are taken over).
+ *
+ * Two files, A (page p all 'A' + p) and B (page p all 'a' + p). Every read must return one
+ * whole page of A or of B: the fd table frees a replaced description only after every
+ * thread that could still be using it has finished (`src/readers.rs`).
+ *
+ * usage: fd_swaps <file A> <file B> <seconds> <reader threads>
+ * (each file: 64 KiB) */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PAGE 4096
+#define PAGES 16
+#define SHARED_FD 100
+
+static atomic_int stop;
+static atomic_long reads_done, swaps_done, threads_started;
+
+static void read_page(unsigned long page) {
+    char buf[PAGE];
+    ssize_t n = pread(SHARED_FD, buf, PAGE, (off_t)page * PAGE);
+    if (n != PAGE) {
+        fprintf(stderr, "a read of page %lu returned %zd: %m\n", page, n);
+        _exit(3);
+    }
+    char first = buf[0];
+    if (first != (char)('A' + page) && first != (char)('a' + page)) {
+        fprintf(stderr, "page %lu starts with %d: neither file's\n", page, first);
+        _exit(3);
+    }
+    for (int i = 1; i < PAGE; i++)
+        if (buf[i] != first) {
+            fprintf(stderr, "page %lu mixes bytes at %d\n", page, i);
+            _exit(3);
+        }
+    atomic_fetch_add_explicit(&reads_done, 1, memory_order_relaxed);
+}
+
+/* A reader that lives for `reads` reads, then exits. */
+static void *reader(void *arg) {
+    unsigned long x = 0x9E3779B97F4A7C15ul * ((unsigned long)(size_t)arg + 1);
+    long reads = 50 + (long)((size_t)arg % 7) * 25;
+    for (long i = 0; i < reads && !atomic_load(&stop); i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        read_page(x % PAGES);
+    }
+    return NULL;
+}
+
+/* Keeps `count` readers running, starting a new one as each exits. */
+static void *spawner(void *arg) {
+    int count = (int)(size_t)arg;
+    pthread_t t[64];
+    size_t next = 0;
+    for (int i = 0; i < count; i++)
+        pthread_create(&t[i], NULL, reader, (void *)next++);
+    while (!atomic_load(&stop)) {
+        for (int i = 0; i < count; i++) {
+            pthread_join(t[i], NULL);
+            if (pthread_create(&t[i], NULL, reader, (void *)next++) != 0) {
+                fprintf(stderr, "pthread_create failed\n");
+                _exit(4);
+            }
+            atomic_fetch_add(&threads_started, 1);
+        }
+    }
+    for (int i = 0; i < count; i++)
+        pthread_join(t[i], NULL);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: %s <file A> <file B> <seconds> <reader threads>\n", argv[0]);
+        return 2;
+    }
+    double seconds = atof(argv[3]);
+    int count = atoi(argv[4]);
+    if (count < 1 || count > 64) {
+        fprintf(stderr, "1 to 64 reader threads\n");
+        return 2;
+    }
+    int first = open(argv[1], O_RDONLY);
+    if (first < 0 || dup2(first, SHARED_FD) != SHARED_FD) {
+        perror(argv[1]);
+        return 2;
+    }
+    close(first);
+    pthread_t spawn;
+    pthread_create(&spawn, NULL, spawner, (void *)(size_t)count);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long swaps = 0;
+    /* Swap until the time is up and enough threads have come and gone. */
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double elapsed = (now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) / 1e9;
+        if (elapsed >= seconds && atomic_load(&threads_started) >= 600)
+            break;
+        if (elapsed >= seconds * 20 + 60) {
+            fprintf(stderr, "only %ld threads started\n", atomic_load(&threads_started));
+            return 5;
+        }
+        int fd = open(argv[1 + (int)(swaps % 2)], O_RDONLY);
+        if (fd < 0 || dup2(fd, SHARED_FD) != SHARED_FD) {
+            perror("open or dup2");
+            return 2;
+        }
+        close(fd);
+        swaps++;
+    }
+    atomic_store(&stop, 1);
+    pthread_join(spawn, NULL);
+    printf("%ld reads, %ld swaps, %ld threads\nok\n", atomic_load(&reads_done), swaps,
+           atomic_load(&threads_started) + count);
+    return 0;
+}
