@@ -170,6 +170,9 @@ pub(crate) enum Reason {
     NoLease,
     /// The file system has no direct I/O (tmpfs).
     NoDirectIo,
+    /// The cache's I/O engine could not start (`FOLIOCACHE_IO=io_uring` where the kernel
+    /// refuses io_uring).
+    IoEngine,
     /// Opened write-only in write-through mode: nothing to cache.
     WriteOnly,
     /// No signal for lease breaks: the program uses it.
@@ -186,7 +189,7 @@ pub(crate) enum Reason {
 }
 
 impl Reason {
-    const ALL: [Reason; 12] = [
+    const ALL: [Reason; 13] = [
         Reason::Busy,
         Reason::Broken,
         Reason::Inherited,
@@ -194,6 +197,7 @@ impl Reason {
         Reason::ProgramDirect,
         Reason::NoLease,
         Reason::NoDirectIo,
+        Reason::IoEngine,
         Reason::WriteOnly,
         Reason::Signal,
         Reason::UntrackedPath,
@@ -210,6 +214,7 @@ impl Reason {
             Reason::ProgramDirect => "program-direct",
             Reason::NoLease => "no-lease",
             Reason::NoDirectIo => "no-direct-io",
+            Reason::IoEngine => "io-engine",
             Reason::WriteOnly => "write-only",
             Reason::Signal => "signal",
             Reason::UntrackedPath => "untracked-path",

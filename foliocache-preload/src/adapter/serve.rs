@@ -270,11 +270,7 @@ impl Inode {
                     self.key
                 ));
                 io.refused = Some(fd);
-                Err(match error {
-                    Error::NoDirectIo { .. } => Reason::NoDirectIo,
-                    Error::OpenConflict { .. } => Reason::Busy,
-                    _ => Reason::NoLease,
-                })
+                Err(refusal_reason(&error))
             }
         }
     }
@@ -467,5 +463,31 @@ impl lease::Holder for Inode {
         };
         self.stop(&mut io, Reason::Broken);
         io.retry_at = Some(Instant::now() + io.backoff);
+    }
+}
+
+/// Why a file passes through when the cache refused its descriptor.
+fn refusal_reason(error: &Error) -> Reason {
+    match error {
+        Error::NoDirectIo { .. } => Reason::NoDirectIo,
+        Error::OpenConflict { .. } => Reason::Busy,
+        Error::Engine(_) => Reason::IoEngine,
+        _ => Reason::NoLease,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_that_cannot_start_is_its_own_reason() {
+        let refused = std::io::Error::from_raw_os_error(libc::EPERM);
+        assert_eq!(
+            refusal_reason(&Error::Engine(refused)).as_str(),
+            "io-engine"
+        );
+        let other = Error::ReadOnly;
+        assert_eq!(refusal_reason(&other).as_str(), "no-lease");
     }
 }
