@@ -15,35 +15,32 @@
 //!   number plus one. Only its thread writes it (and a claimer taking over a dead thread's
 //!   record, and a forked child resetting the records, when that thread cannot run).
 //! * **Enter** ([`enter`], before loading the pointer): if the record's tag is 0, store the
-//!   tag with the next generation (release), then a barrier, so that the pointer's load cannot
-//!   be satisfied before the store is visible to a remover. Which barrier depends on the
-//!   process's [`Barrier`], as for the epochs (`foliocache`'s `mem/epoch.rs`):
-//!   - *symmetric*: a `SeqCst` fence;
-//!   - *asymmetric*: only a compiler fence; the remover asks the kernel for the hardware
-//!     barrier on every CPU running one of the process's threads (`membarrier`).
+//!   tag with the next generation (release), then a `SeqCst` fence, so that the pointer's load
+//!   cannot be satisfied before the store is visible to a remover. The fence is a locked
+//!   instruction too, but on the thread's own stack line: what cost the counter was its line
+//!   moving between CPUs, not the instructions. An asymmetric fence (a compiler fence, the
+//!   remover making the barrier with `membarrier`, as the epochs do) read no faster, and would
+//!   cost every close a system call that interrupts the other CPUs (see docs/BENCHMARKS.md,
+//!   "The fd table's readers").
 //!
 //!   If the tag is not 0 the thread is already inside a section (a signal handler that
 //!   interrupted a hook, or the library calling a hook from one): it counts itself in the fd's
 //!   counter instead (`fetch_add` and a fence, both `SeqCst`), as every reader did before.
 //! * **Leave** (the [`Held`] dropped, after the last use of the pointer): store the tag 0 with
 //!   the same generation (release), or take the count back.
-//! * **Remove** (the caller, then [`Records::wait`]): swap the pointer (`SeqCst`), in
-//!   asymmetric mode the heavy barrier, a `SeqCst` fence, then wait until the fd's counter is
-//!   0 and every record that shows the fd's tag has changed its word (acquire loads). Then no
-//!   thread can still use the old pointer.
+//! * **Remove** (the caller, then [`Records::wait`]): swap the pointer (`SeqCst`), a `SeqCst`
+//!   fence, then wait until the fd's counter is 0 and every record that shows the fd's tag has
+//!   changed its word (acquire loads). Then no thread can still use the old pointer.
 //!
-//! Why that is enough: take a reader whose pointer load read the old value. Symmetric mode:
-//! its tag store precedes its `SeqCst` fence, which precedes that load; the remover's swap
-//! precedes its own fence, which precedes the scan. Had the remover's fence come first in the
-//! fences' total order, the load would have seen the swap; so the reader's came first, and
-//! the scan reads the tag store or a later value of the word (the counter likewise). Asymmetric mode: the heavy barrier executes a full
-//! barrier on the reader's CPU at some point of its program; if that point came before the
-//! pointer load, the load sees the swap (which the barrier call follows); so it came after
-//! the load, and after the tag store before it, which the scan then sees. A later value of
-//! the word is a later store of that thread, all release stores sequenced after its leave, so
-//! the acquire load that reads one orders the reader's use of the pointer before the free. A
-//! signal handler that enters between a thread's load of its word and its store of the tag
-//! leaves its own section first (the handler returns before the thread goes on): the words
+//! Why that is enough: take a reader whose pointer load read the old value. Its tag store
+//! precedes its fence, which precedes that load; the remover's swap precedes its own fence,
+//! which precedes the scan. Had the remover's fence come first in the fences' total order,
+//! the load would have seen the swap; so the reader's came first, and the scan reads the tag
+//! store or a later value of the word (the counter and the records' count likewise). A later
+//! value of the word is a later store of that thread, all release stores sequenced after its
+//! leave, so the acquire load that reads one orders the reader's use of the pointer before the
+//! free. A signal handler that enters between a thread's load of its word and its store of the
+//! tag leaves its own section first (the handler returns before the thread goes on): the words
 //! then repeat a generation, which only makes a remover wait longer, never shorter.
 //!
 //! Removers skip their own thread's record (a thread cannot read and remove at once; a
@@ -67,15 +64,6 @@ pub(crate) const RECORDS: usize = 2;
 
 /// The low half of a record's word: the tag (0 outside a section).
 const TAG: u64 = 0xffff_ffff;
-
-/// How a section's start is ordered before its pointer load (see the module documentation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Barrier {
-    /// A `SeqCst` fence after the tag store.
-    Symmetric,
-    /// A compiler fence; the remover makes the heavy barrier.
-    Asymmetric,
-}
 
 /// One thread's record. Alone on its cache lines: its thread writes it on every read.
 #[repr(align(128))]
@@ -180,9 +168,8 @@ impl Records {
         self.high.store(0, Ordering::Relaxed);
     }
 
-    /// The remover's wait, after it swapped the pointer of the fd tagged `tag` (`SeqCst`) and,
-    /// in asymmetric mode, made the heavy barrier: returns once no thread can use the old
-    /// pointer. `me` is the caller's own record; `alive` tells whether a thread still exists.
+    /// The remover's wait, after it swapped the pointer of the fd tagged `tag` (`SeqCst`):
+    /// returns once no thread can use the old pointer. `me` is the caller's own record; `alive` tells whether a thread still exists.
     pub(crate) fn wait(
         &self,
         counter: &AtomicU32,
@@ -190,8 +177,7 @@ impl Records {
         me: Option<usize>,
         alive: impl Fn(i32) -> bool,
     ) {
-        // Pairs with a symmetric reader's fence (see the module documentation); in
-        // asymmetric mode the caller's heavy barrier made one already.
+        // Pairs with the readers' fences (see the module documentation).
         fence(Ordering::SeqCst);
         let mut spins = 0u32;
         while counter.load(Ordering::SeqCst) != 0 {
@@ -240,11 +226,18 @@ impl Drop for Held<'_> {
 /// on its thread's `record`, else (no record, or the thread already in a section) a count on
 /// the fd's `counter`.
 #[inline]
-pub(crate) fn enter<'a>(
+pub(crate) fn enter<'a>(record: Option<&'a Record>, counter: &'a AtomicU32, tag: u32) -> Held<'a> {
+    enter_fenced(record, counter, tag, true)
+}
+
+/// [`enter`], with the section's fence left out when `fenced` is false: only the model's
+/// negative control does that (`tests/loom_readers.rs`), which the model must catch.
+#[inline]
+pub(crate) fn enter_fenced<'a>(
     record: Option<&'a Record>,
     counter: &'a AtomicU32,
     tag: u32,
-    barrier: Barrier,
+    fenced: bool,
 ) -> Held<'a> {
     if let Some(record) = record {
         // Only this thread writes the word (see the module documentation).
@@ -252,11 +245,8 @@ pub(crate) fn enter<'a>(
         if word & TAG == 0 {
             let entered = (((word >> 32) + 1) << 32) | u64::from(tag);
             record.word.store(entered, Ordering::Release);
-            match barrier {
-                Barrier::Symmetric => fence(Ordering::SeqCst),
-                Barrier::Asymmetric => {
-                    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
-                }
+            if fenced {
+                fence(Ordering::SeqCst);
             }
             return Held::Section { record, entered };
         }

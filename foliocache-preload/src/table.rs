@@ -7,21 +7,18 @@
 //! cannot use a record (below).
 //! * [`get`] (every read, write, seek): if the slot is empty, return at once (the common case
 //!   for sockets, pipes and files outside `FOLIOCACHE_PATHS`, one load). Otherwise the thread
-//!   marks itself reading the fd, in its own record of `readers` (a store and, where the
-//!   kernel offers `membarrier`, no barrier instruction) or, nested or without a record, in
-//!   the slot's counter; then it loads the pointer and hands out an [`FdRef`] that takes the
-//!   mark back on drop. `readers`' module documentation has the protocol and its argument.
-//! * [`install`] and [`remove`] (open, dup, close) swap the pointer, make the process-wide
-//!   barrier where the readers rely on it, then wait until no thread is marked reading the
-//!   fd since before the swap: a reader that loaded the old pointer has finished with it.
-//!   Only then is the old `Arc` dropped.
+//!   marks itself reading the fd, in its own record of `readers` (a store and a fence on its
+//!   own lines) or, nested or without a record, in the slot's counter; then it loads the
+//!   pointer and hands out an [`FdRef`] that takes the mark back on drop. `readers`' module
+//!   documentation has the protocol and its argument.
+//! * [`install`] and [`remove`] (open, dup, close) swap the pointer, then wait until no
+//!   thread is marked reading the fd since before the swap: a reader that loaded the old
+//!   pointer has finished with it. Only then is the old `Arc` dropped.
 //!
 //! Readers never wait and take no lock, so a hook interrupted by a signal whose handler reads
 //! the same fd cannot deadlock here. A remover does wait, but only for readers of that fd; a
 //! remover that is itself nested (a signal handler closing an fd the interrupted code was
 //! reading) does not wait and leaks the old description instead of freeing it under a reader.
-//! So does a remover whose process-wide barrier fails (a system call filter installed after
-//! the process chose the barrier): the description is leaked, reported once on stderr.
 //!
 //! Removing the program's last fd of an inode runs the inode's last close
 //! (`Inode::last_close`: write back, release the lease, close the library's descriptor) before
@@ -36,10 +33,8 @@
 
 use crate::adapter::{Inode, SyncKind};
 use crate::guard::{self, HookThread};
-use crate::readers::{self, Barrier, Held, Records};
-use std::sync::atomic::{
-    AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicU32, AtomicU64, Ordering,
-};
+use crate::readers::{self, Held, Records};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// fds at or above this number are never intercepted (they pass through).
@@ -138,35 +133,6 @@ static HIGH_WATER: AtomicU32 = AtomicU32::new(0);
 /// The threads' records (see `readers`).
 static RECORDS: Records = Records::new();
 
-/// How readers order their mark before the pointer's load: chosen at the first install
-/// (before any reader can find a pointer), from the process's epoch barrier.
-static BARRIER: AtomicU8 = AtomicU8::new(UNSET);
-const UNSET: u8 = 0;
-const SYMMETRIC: u8 = 1;
-const ASYMMETRIC: u8 = 2;
-
-/// The readers' barrier; a reader that finds it not yet chosen fences (always safe).
-#[inline]
-fn barrier() -> Barrier {
-    if BARRIER.load(Ordering::Relaxed) == ASYMMETRIC {
-        Barrier::Asymmetric
-    } else {
-        Barrier::Symmetric
-    }
-}
-
-/// Chooses the readers' barrier once: asymmetric when the process's epochs are (they have
-/// registered it for `membarrier`).
-fn choose_barrier() {
-    if BARRIER.load(Ordering::Relaxed) == UNSET {
-        let chosen = match foliocache::epoch_barrier() {
-            foliocache::EpochBarrier::Asymmetric => ASYMMETRIC,
-            foliocache::EpochBarrier::Symmetric => SYMMETRIC,
-        };
-        let _ = BARRIER.compare_exchange(UNSET, chosen, Ordering::SeqCst, Ordering::SeqCst);
-    }
-}
-
 /// A description in use through an fd; the slot cannot free it until this is dropped. Not
 /// `Send`: it holds this thread's mark and state.
 pub(crate) struct FdRef {
@@ -229,7 +195,7 @@ pub(crate) fn get(fd: i32) -> Option<FdRef> {
     let thread = guard::this_thread();
     // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
     let record = record(unsafe { &*thread });
-    let held = readers::enter(record, &slot.readers, tag(fd), barrier());
+    let held = readers::enter(record, &slot.readers, tag(fd));
     let description = slot.description.load(Ordering::SeqCst);
     if description.is_null() {
         return None;
@@ -273,7 +239,6 @@ pub(crate) fn install(fd: i32, description: Arc<Description>, nested: bool) {
         uncache(&description);
     }
     description.inode.fd_installed();
-    choose_barrier();
     let old = slot
         .description
         .swap(Arc::into_raw(description).cast_mut(), Ordering::SeqCst);
@@ -299,19 +264,21 @@ fn retire(fd: i32, slot: &Slot, old: *mut Description, nested: bool) {
     if old.is_null() {
         return;
     }
-    if nested || !readers_done(fd, slot) {
+    if nested {
         // A signal handler closing an fd: waiting for readers could deadlock (its
         // interrupted thread may be one), and dropping the description takes its inode's
-        // lock (which that thread may hold). Or the process-wide barrier failed, so readers
-        // cannot be waited for. The description is leaked; its inode counts the fd gone but
-        // keeps its descriptor (no last close here, see the module doc).
+        // lock (which that thread may hold). The description is leaked; its inode counts
+        // the fd gone but keeps its descriptor (no last close here, see the module doc).
         // SAFETY: `old` came from Arc::into_raw in `install` and is not dropped yet (this
         // function owns the slot's reference to it, and leaks it).
         unsafe { &*old }.inode.fd_removed();
         return;
     }
+    // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
+    let me = unsafe { &*guard::this_thread() }.claimed();
+    RECORDS.wait(&slot.readers, tag(fd), me, thread_alive);
     // SAFETY: `old` came from Arc::into_raw in `install`, the slot no longer holds it, and no
-    // reader holds it any more (`readers_done`): this is its last use here.
+    // reader holds it any more (`RECORDS.wait`): this is its last use here.
     let old = unsafe { Arc::from_raw(old) };
     if old.inode.fd_removed() && !nested {
         // The program's last fd of the file: before its real close (see the module doc).
@@ -324,27 +291,6 @@ fn retire(fd: i32, slot: &Slot, old: *mut Description, nested: bool) {
         return;
     }
     drop(old);
-}
-
-/// After `fd`'s pointer was swapped out: waits until no thread can still use the old one.
-/// `false` if that cannot be known (the process-wide barrier failed).
-fn readers_done(fd: i32, slot: &Slot) -> bool {
-    if barrier() == Barrier::Asymmetric
-        && let Err(e) = foliocache::process_barrier()
-    {
-        static TOLD: AtomicBool = AtomicBool::new(false);
-        if !TOLD.swap(true, Ordering::Relaxed) {
-            eprintln!(
-                "foliocache-preload: membarrier failed ({e}); closed files' descriptions are \
-                 no longer freed in this process"
-            );
-        }
-        return false;
-    }
-    // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
-    let me = unsafe { &*guard::this_thread() }.claimed();
-    RECORDS.wait(&slot.readers, tag(fd), me, thread_alive);
-    true
 }
 
 /// Calls `each(fd, description)` for every served fd (fork handlers, stats).

@@ -10,8 +10,7 @@
 //! orders the read before the free (by hand: the leave's store `Relaxed`, or the remover
 //! skipping the records, fail the first three models).
 //!
-//! Negative control (run with the others): asymmetric marks with no heavy barrier (loom cannot
-//! issue `membarrier`, and the compiler fence does nothing in the model), so nothing orders a
+//! Negative control (run with the others): sections without their fence, so nothing orders a
 //! reader's mark before its load; the model must find a free under a reader.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test --release -p foliocache-preload --test loom_readers`.
@@ -25,7 +24,7 @@ use loom::cell::UnsafeCell;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use loom::thread;
-use readers::{Barrier, Records};
+use readers::Records;
 
 /// The fd's tag in the model.
 const TAG: u32 = 8;
@@ -64,12 +63,12 @@ impl World {
     }
 
     /// A read through `record` (or the counter): whether it found its object freed.
-    fn read(&self, record: Option<usize>, barrier: Barrier) -> bool {
-        let held = readers::enter(
+    fn read(&self, record: Option<usize>, fenced: bool) -> bool {
+        let held = readers::enter_fenced(
             record.and_then(|i| self.records.get(i)),
             &self.counter,
             TAG,
-            barrier,
+            fenced,
         );
         let found = self.slot.load(Ordering::SeqCst);
         let freed = found != 0 && self.use_object(found);
@@ -103,18 +102,18 @@ impl World {
 
 /// A reader with a record reads twice (two sections, two generations), one without reads
 /// once (the counter); the remover frees object 1 under them.
-fn readers_vs_remover(barrier: Barrier, checked: bool) -> bool {
+fn readers_vs_remover(fenced: bool, checked: bool) -> bool {
     let world = World::with_checks(checked);
     let with_record = {
         let world = world.clone();
         thread::spawn(move || {
             let index = world.records.claim(1, |_| false).expect("a free record");
-            world.read(Some(index), barrier) | world.read(Some(index), barrier)
+            world.read(Some(index), fenced) | world.read(Some(index), fenced)
         })
     };
     let counted = {
         let world = world.clone();
-        thread::spawn(move || world.read(None, barrier))
+        thread::spawn(move || world.read(None, fenced))
     };
     world.replace(2);
     let a = with_record.join().unwrap();
@@ -126,7 +125,7 @@ fn readers_vs_remover(barrier: Barrier, checked: bool) -> bool {
 fn a_reader_never_finds_its_object_freed() {
     loom::model(|| {
         assert!(
-            !readers_vs_remover(Barrier::Symmetric, true),
+            !readers_vs_remover(true, true),
             "a reader found its object freed"
         );
     });
@@ -143,12 +142,12 @@ fn a_nested_reader_is_counted_and_waited_for() {
             thread::spawn(move || {
                 let index = world.records.claim(1, |_| false).expect("a free record");
                 let record = world.records.get(index);
-                let outer = readers::enter(record, &world.counter, TAG, Barrier::Symmetric);
+                let outer = readers::enter(record, &world.counter, TAG);
                 assert!(
                     matches!(outer, readers::Held::Section { .. }),
                     "the outer read has a section"
                 );
-                let nested = world.read(Some(index), Barrier::Symmetric);
+                let nested = world.read(Some(index), true);
                 let found = world.slot.load(Ordering::SeqCst);
                 let freed = found != 0 && world.use_object(found);
                 drop(outer);
@@ -168,12 +167,7 @@ fn a_dead_threads_record_is_taken_over() {
         let world = World::new();
         // The dead thread: claimed record 0 and entered a section it never left.
         let dead = world.records.claim(7, |_| false).expect("a free record");
-        std::mem::forget(readers::enter(
-            world.records.get(dead),
-            &world.counter,
-            TAG,
-            Barrier::Symmetric,
-        ));
+        std::mem::forget(readers::enter(world.records.get(dead), &world.counter, TAG));
         // Fill the other record, so that the new thread must take over the dead one.
         world.records.claim(9, |_| false).expect("a free record");
         let reader = {
@@ -184,7 +178,7 @@ fn a_dead_threads_record_is_taken_over() {
                     .claim(1, |tid| tid == 7)
                     .expect("the dead thread's record");
                 assert_eq!(index, dead);
-                world.read(Some(index), Barrier::Symmetric)
+                world.read(Some(index), true)
             })
         };
         world.replace(2);
@@ -192,19 +186,19 @@ fn a_dead_threads_record_is_taken_over() {
     });
 }
 
-/// Negative control: asymmetric marks and no heavy barrier. The model must catch a free
-/// under a reader.
+/// Negative control: sections without their fence. The model must catch a free under a
+/// reader.
 #[test]
-fn asymmetric_marks_without_the_heavy_barrier_are_caught() {
+fn sections_without_their_fence_are_caught() {
     let seen = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let found = seen.clone();
     loom::model(move || {
-        if readers_vs_remover(Barrier::Asymmetric, false) {
+        if readers_vs_remover(false, false) {
             found.store(true, std::sync::atomic::Ordering::Relaxed);
         }
     });
     assert!(
         seen.load(std::sync::atomic::Ordering::Relaxed),
-        "the model missed a free under an asymmetric mark with no heavy barrier"
+        "the model missed a free under a section with no fence"
     );
 }

@@ -111,16 +111,6 @@ pub fn epoch_barrier() -> EpochBarrier {
     mem::epoch::barrier()
 }
 
-/// A process-wide memory barrier for the caller's own lockless protocols (the preload
-/// library's fd table): returns once every CPU running one of this process's threads has
-/// executed a full barrier, so readers that published with a compiler fence only (as the
-/// epochs' do when [`epoch_barrier`] is asymmetric) are seen. An error if the kernel refused
-/// the call.
-#[cfg(not(loom))]
-pub fn process_barrier() -> std::io::Result<()> {
-    mem::epoch::process_barrier()
-}
-
 /// The shared cache's owner program (`foliocache-owner`): its whole `main`. Programs do not
 /// call it; the binary of that name does.
 #[cfg(not(loom))]

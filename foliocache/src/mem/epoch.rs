@@ -937,18 +937,6 @@ pub fn barrier() -> Barrier {
     }
 }
 
-/// Returns once every CPU running a thread of this process has executed a full memory
-/// barrier (`membarrier`), for another lockless protocol of the process whose readers, like
-/// the epochs' in asymmetric mode, publish with a compiler fence only. Only meaningful once
-/// [`barrier`] chose asymmetric mode (it registered the process); in symmetric mode it makes
-/// the call all the same.
-#[cfg(not(loom))]
-pub(crate) fn process_barrier() -> std::io::Result<()> {
-    membarrier::heavy()?;
-    fence(Ordering::SeqCst);
-    Ok(())
-}
-
 /// The epoch's locks, held by a thread that is about to fork (see [`crate::fork`]).
 #[cfg(not(loom))]
 pub(crate) struct ForkHold {
