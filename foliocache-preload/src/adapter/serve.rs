@@ -107,7 +107,9 @@ impl Inode {
             // The other kind's descriptor stays open until the last close, and the kernel
             // counts it: no lease of this kind can be had meanwhile.
             Some(_) => return Err(Reason::Busy),
-            None if io.refused.is_some() => return Err(Reason::Busy),
+            // The cache refused a descriptor of this file before (kept open, see `lend`):
+            // it would refuse again for the same reason.
+            None if io.refused.is_some() => return Err(io.why.unwrap_or(Reason::Busy)),
             None => Some(self.new_descriptor(kind, fd)?),
         };
         let raw = fresh
