@@ -19,6 +19,9 @@ pub(crate) struct HookThread {
     number: Cell<usize>,
     /// The thread's record in the fd table's readers: an index, or [`UNCLAIMED`] or [`NONE`].
     record: Cell<u32>,
+    /// How many fd-table references (`table::FdRef`) this thread holds: not 0 while a
+    /// signal handler runs on top of code that is using a description.
+    holds: Cell<u32>,
 }
 
 /// The thread has not asked for a record yet.
@@ -32,6 +35,7 @@ thread_local! {
             inside: Cell::new(false),
             number: Cell::new(usize::MAX),
             record: Cell::new(UNCLAIMED),
+            holds: Cell::new(0),
         }
     };
 }
@@ -83,9 +87,24 @@ impl HookThread {
         }
     }
 
-    /// In a forked child: the records were reset, so this thread asks again.
-    pub(crate) fn forget_record(&self) {
-        self.record.set(UNCLAIMED);
+    /// Counts an fd-table reference this thread takes (before it marks itself reading, so
+    /// that a signal handler arriving after the mark sees the count). A handler's own takes
+    /// and gives back balance before it returns, so a plain cell is enough.
+    #[inline]
+    pub(crate) fn hold(&self) {
+        self.holds.set(self.holds.get().wrapping_add(1));
+    }
+
+    /// Gives back what [`Self::hold`] counted.
+    #[inline]
+    pub(crate) fn unhold(&self) {
+        self.holds.set(self.holds.get().wrapping_sub(1));
+    }
+
+    /// Whether this thread holds an fd-table reference: a remover that does is a signal
+    /// handler on top of a hook using a description, and must not free one.
+    pub(crate) fn holding(&self) -> bool {
+        self.holds.get() != 0
     }
 }
 

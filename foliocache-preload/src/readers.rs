@@ -43,10 +43,19 @@
 //! tag leaves its own section first (the handler returns before the thread goes on): the words
 //! then repeat a generation, which only makes a remover wait longer, never shorter.
 //!
-//! Removers skip their own thread's record (a thread cannot read and remove at once; a
-//! nested remover does not wait at all, see `table`). A record whose thread died inside a
-//! section (`pthread_exit` from a signal handler) would hold a remover forever: a remover
-//! that has waited a while asks the kernel whether the record's thread still exists.
+//! Removers skip their own thread's record. A thread that still uses a description when it
+//! removes one is a signal handler on top of a hook (the hooks give their reference back
+//! before they close or install anything), and `table` counts each thread's references and
+//! does not wait or free in that case: it leaks the description, as for any remover nested in
+//! a hook. A remover that waits therefore finds its own record at most in the last step of a
+//! reference's drop, after the last use. A record whose thread died inside a section
+//! (`pthread_exit` from a signal handler) would hold a remover forever: a remover that has
+//! waited a while asks the kernel whether the record's thread still exists (it cannot tell a
+//! thread group's leader that exited while the others run, which stays a zombie: that one is
+//! waited for).
+//!
+//! A forked child keeps the forking thread's record and frees the others; the counters start
+//! again at 0, and a count taken in the parent and given back in the child stops at 0.
 //!
 //! The loom model is `tests/loom_readers.rs` (this file, included as it is).
 
@@ -159,13 +168,19 @@ impl Records {
         None
     }
 
-    /// In a forked child (one thread, the caller): every record is free again.
-    pub(crate) fn forget_all(&self) {
-        for record in &self.records {
-            record.word.store(0, Ordering::Relaxed);
-            record.tid.store(0, Ordering::Relaxed);
+    /// In a forked child (one thread, the caller): every record is free again but the
+    /// caller's own, `mine`, which it keeps under its new id `tid`.
+    pub(crate) fn forget_all(&self, mine: Option<usize>, tid: i32) {
+        for (index, record) in self.records.iter().enumerate() {
+            if Some(index) == mine {
+                record.tid.store(tid, Ordering::Relaxed);
+            } else {
+                record.word.store(0, Ordering::Relaxed);
+                record.tid.store(0, Ordering::Relaxed);
+            }
         }
-        self.high.store(0, Ordering::Relaxed);
+        self.high
+            .store(mine.map_or(0, |index| index + 1), Ordering::Relaxed);
     }
 
     /// The remover's wait, after it swapped the pointer of the fd tagged `tag` (`SeqCst`):
@@ -216,7 +231,11 @@ impl Drop for Held<'_> {
                 record.word.store(*entered & !TAG, Ordering::Release);
             }
             Held::Counted(counter) => {
-                counter.fetch_sub(1, Ordering::SeqCst);
+                // Never below 0: a forked child resets the counters, and a count taken in the
+                // parent may be given back in the child (a fork from a signal handler).
+                let _ = counter.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |count| {
+                    count.checked_sub(1)
+                });
             }
         }
     }

@@ -61,10 +61,20 @@ pub(crate) struct Description {
     pub(crate) advice: AtomicI32,
     /// Readahead states (and write-behind streams).
     pub(crate) handles: crate::adapter::Slots,
+    /// Debug builds: [`LIVE`] until dropped, so that a use after the free (the fd table's
+    /// protocol broken) panics in `FdRef::deref` instead of reading freed memory unseen.
+    #[cfg(debug_assertions)]
+    canary: AtomicU64,
 }
+
+/// A description's canary while it lives (debug builds).
+#[cfg(debug_assertions)]
+const LIVE: u64 = 0x5EED_F00D_CAFE_D00D;
 
 impl Drop for Description {
     fn drop(&mut self) {
+        #[cfg(debug_assertions)]
+        self.canary.store(0, Ordering::SeqCst);
         self.inode.description_closed(self.writable);
     }
 }
@@ -111,6 +121,8 @@ impl Description {
             sync_writes,
             advice: AtomicI32::new(libc::POSIX_FADV_NORMAL),
             handles: Default::default(),
+            #[cfg(debug_assertions)]
+            canary: AtomicU64::new(LIVE),
         }
     }
 }
@@ -141,6 +153,15 @@ pub(crate) struct FdRef {
     thread: *const HookThread,
 }
 
+impl Drop for FdRef {
+    fn drop(&mut self) {
+        // The description is not used any more. (The mark goes after this body: a handler
+        // arriving between the two sees no hold and may free it, which is safe now.)
+        // SAFETY: this thread's state (`get` looked it up on this thread; FdRef is not Send).
+        unsafe { &*self.thread }.unhold();
+    }
+}
+
 impl FdRef {
     /// Marks this thread as inside a hook (`guard::enter`), with the state `get` looked up.
     #[inline]
@@ -156,7 +177,14 @@ impl std::ops::Deref for FdRef {
         // FdRef's mark was made (`readers::enter`); removers wait for every such mark to be
         // taken back before dropping the Arc, so the Description is alive for the FdRef's
         // whole life.
-        unsafe { &*self.description }
+        let description = unsafe { &*self.description };
+        #[cfg(debug_assertions)]
+        assert_eq!(
+            description.canary.load(Ordering::SeqCst),
+            LIVE,
+            "a description used after it was freed"
+        );
+        description
     }
 }
 
@@ -172,6 +200,15 @@ fn tag(fd: i32) -> u32 {
 /// This thread's record, claimed on its first read of a served fd.
 fn record(thread: &HookThread) -> Option<&'static readers::Record> {
     let index = thread.record(|| {
+        if PROCESS.load(Ordering::Relaxed) == 0 {
+            // SAFETY: getpid takes no arguments.
+            let _ = PROCESS.compare_exchange(
+                0,
+                unsafe { libc::getpid() },
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
         // SAFETY: gettid takes no arguments.
         let tid = unsafe { libc::gettid() };
         RECORDS.claim(tid, |owner| !thread_alive(owner))
@@ -179,10 +216,19 @@ fn record(thread: &HookThread) -> Option<&'static readers::Record> {
     RECORDS.get(index)
 }
 
+/// The process whose threads own the records: set at the first claim and in a forked child.
+/// Not `getpid()` at each call: a child made with `CLONE_VM` but not as a thread (which shares
+/// this memory) would find every thread of its parent gone.
+static PROCESS: AtomicI32 = AtomicI32::new(0);
+
 /// Whether the thread `tid` of this process still exists.
 fn thread_alive(tid: i32) -> bool {
+    let process = PROCESS.load(Ordering::Relaxed);
+    if process == 0 {
+        return true;
+    }
     // SAFETY: tgkill with signal 0 only checks that the thread exists; integer arguments.
-    let r = unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, 0) };
+    let r = unsafe { libc::syscall(libc::SYS_tgkill, process, tid, 0) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
@@ -194,10 +240,16 @@ pub(crate) fn get(fd: i32) -> Option<FdRef> {
     }
     let thread = guard::this_thread();
     // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
-    let record = record(unsafe { &*thread });
+    let state = unsafe { &*thread };
+    // Counted before the mark: a signal handler that closes the fd after this point sees the
+    // hold and does not free the description under this thread (see `retire`).
+    state.hold();
+    let record = record(state);
     let held = readers::enter(record, &slot.readers, tag(fd));
     let description = slot.description.load(Ordering::SeqCst);
     if description.is_null() {
+        drop(held);
+        state.unhold();
         return None;
     }
     Some(FdRef {
@@ -264,19 +316,22 @@ fn retire(fd: i32, slot: &Slot, old: *mut Description, nested: bool) {
     if old.is_null() {
         return;
     }
-    if nested {
+    // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
+    let thread = unsafe { &*guard::this_thread() };
+    if nested || thread.holding() {
         // A signal handler closing an fd: waiting for readers could deadlock (its
         // interrupted thread may be one), and dropping the description takes its inode's
-        // lock (which that thread may hold). The description is leaked; its inode counts
-        // the fd gone but keeps its descriptor (no last close here, see the module doc).
+        // lock (which that thread may hold). A handler that runs on top of a hook before
+        // the hook marked itself inside (`guard`) is not seen as nested, but the hook holds
+        // a description (maybe this one): the same. The description is leaked; its inode
+        // counts the fd gone but keeps its descriptor (no last close here, see the module
+        // doc).
         // SAFETY: `old` came from Arc::into_raw in `install` and is not dropped yet (this
         // function owns the slot's reference to it, and leaks it).
         unsafe { &*old }.inode.fd_removed();
         return;
     }
-    // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
-    let me = unsafe { &*guard::this_thread() }.claimed();
-    RECORDS.wait(&slot.readers, tag(fd), me, thread_alive);
+    RECORDS.wait(&slot.readers, tag(fd), thread.claimed(), thread_alive);
     // SAFETY: `old` came from Arc::into_raw in `install`, the slot no longer holds it, and no
     // reader holds it any more (`RECORDS.wait`): this is its last use here.
     let old = unsafe { Arc::from_raw(old) };
@@ -325,7 +380,12 @@ pub(crate) fn forget_all() {
             .store(std::ptr::null_mut(), Ordering::SeqCst);
         slot.readers.store(0, Ordering::SeqCst);
     }
-    RECORDS.forget_all();
+    // SAFETY: getpid and gettid take no arguments.
+    let (process, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    PROCESS.store(process, Ordering::Relaxed);
     // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
-    unsafe { &*guard::this_thread() }.forget_record();
+    let mine = unsafe { &*guard::this_thread() }.claimed();
+    // This thread keeps its record (a fork from a signal handler may have a section of the
+    // interrupted code still to leave on it), now under its new id.
+    RECORDS.forget_all(mine, tid);
 }

@@ -1,14 +1,24 @@
-/* Readers of one fd number while the program keeps putting another file under it (open,
- * dup2 over it, close), and new reader threads keep starting (more, over the run, than the fd
- * table has reader records, so records of exited threads are taken over).
+/* Readers of one fd number while the program keeps putting another file under it.
+ *
+ * With a number of reader threads: the main thread swaps (open, dup2 over it, close), and new
+ * reader threads keep starting (more, over the run, than the fd table has reader records, so
+ * records of exited threads are taken over).
+ *
+ * With `signal`: the main thread reads, and a timer's signal handler swaps the file under it
+ * (open, dup2 over it, close: the description replaced is its last fd's, so it is freed),
+ * interrupting the reads anywhere, also between the fd table's lookup and the hook's mark
+ * (where the handler's close is not seen as nested).
  *
  * Two files, A (page p all 'A' + p) and B (page p all 'a' + p). Every read must return one
  * whole page of A or of B: the fd table frees a replaced description only after every
  * thread that could still be using it has finished (`src/readers.rs`).
  *
- * usage: fd_swaps <file A> <file B> <seconds> <reader threads>
+ * usage: fd_swaps <file A> <file B> <seconds> <reader threads|signal>
  * (each file: 64 KiB) */
+#include <signal.h>
+#include <sys/time.h>
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -80,12 +90,67 @@ static void *spawner(void *arg) {
     return NULL;
 }
 
+static const char *files[2];
+static volatile sig_atomic_t handler_swaps;
+
+static void swap_in_handler(int sig) {
+    (void)sig;
+    int saved = errno;
+    int fd = open(files[handler_swaps % 2], O_RDONLY);
+    if (fd < 0 || dup2(fd, SHARED_FD) != SHARED_FD)
+        _exit(6);
+    close(fd);
+    handler_swaps++;
+    errno = saved;
+}
+
+/* The `signal` mode: reads on this thread, swaps in the timer's handler. */
+static int signal_mode(const char *a, const char *b, double seconds) {
+    files[0] = a;
+    files[1] = b;
+    int first = open(a, O_RDONLY);
+    if (first < 0 || dup2(first, SHARED_FD) != SHARED_FD) {
+        perror(a);
+        return 2;
+    }
+    close(first);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = swap_in_handler;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval every = {{0, 200}, {0, 200}};
+    setitimer(ITIMER_REAL, &every, NULL);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    unsigned long x = 0x9E3779B97F4A7C15ul;
+    for (long i = 0;; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        read_page(x % PAGES);
+        if (i % 1024 == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if ((now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) / 1e9 >= seconds)
+                break;
+        }
+    }
+    struct itimerval off = {{0, 0}, {0, 0}};
+    setitimer(ITIMER_REAL, &off, NULL);
+    printf("%ld reads, %ld swaps in a handler\nok\n", atomic_load(&reads_done),
+           (long)handler_swaps);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: %s <file A> <file B> <seconds> <reader threads>\n", argv[0]);
+        fprintf(stderr, "usage: %s <file A> <file B> <seconds> <reader threads|signal>\n",
+                argv[0]);
         return 2;
     }
     double seconds = atof(argv[3]);
+    if (strcmp(argv[4], "signal") == 0)
+        return signal_mode(argv[1], argv[2], seconds);
     int count = atoi(argv[4]);
     if (count < 1 || count > 64) {
         fprintf(stderr, "1 to 64 reader threads\n");
