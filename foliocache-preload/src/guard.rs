@@ -19,8 +19,9 @@ pub(crate) struct HookThread {
     number: Cell<usize>,
     /// The thread's record in the fd table's readers: an index, or [`UNCLAIMED`] or [`NONE`].
     record: Cell<u32>,
-    /// How many fd-table references (`table::FdRef`) this thread holds: not 0 while a
-    /// signal handler runs on top of code that is using a description.
+    /// How many fd-table references (`table::FdRef`) this thread holds as counts on an fd's
+    /// counter (not through its record): not 0 while a signal handler runs on top of code
+    /// that is using a description so.
     holds: Cell<u32>,
 }
 
@@ -87,9 +88,9 @@ impl HookThread {
         }
     }
 
-    /// Counts an fd-table reference this thread takes (before it marks itself reading, so
-    /// that a signal handler arriving after the mark sees the count). A handler's own takes
-    /// and gives back balance before it returns, so a plain cell is enough.
+    /// Counts an fd-table reference this thread takes on an fd's counter (before the count,
+    /// so that a signal handler arriving after it sees this). A handler's own takes and gives
+    /// back balance before it returns, so a plain cell is enough.
     #[inline]
     pub(crate) fn hold(&self) {
         self.holds.set(self.holds.get().wrapping_add(1));
@@ -101,8 +102,8 @@ impl HookThread {
         self.holds.set(self.holds.get().wrapping_sub(1));
     }
 
-    /// Whether this thread holds an fd-table reference: a remover that does is a signal
-    /// handler on top of a hook using a description, and must not free one.
+    /// Whether this thread holds an fd-table reference on a counter: a remover that does is a
+    /// signal handler on top of a hook using a description, and must not free one.
     pub(crate) fn holding(&self) -> bool {
         self.holds.get() != 0
     }

@@ -45,10 +45,11 @@
 //!
 //! Removers skip their own thread's record. A thread that still uses a description when it
 //! removes one is a signal handler on top of a hook (the hooks give their reference back
-//! before they close or install anything), and `table` counts each thread's references and
-//! does not wait or free in that case: it leaks the description, as for any remover nested in
-//! a hook. A remover that waits therefore finds its own record at most in the last step of a
-//! reference's drop, after the last use. A record whose thread died inside a section
+//! before they close or install anything). `table` does not wait or free in that case, and
+//! leaks the description, as for any remover nested in a hook: it sees it as the thread's own
+//! record showing a section, or, for a count, a per-thread number of counted holds (taken
+//! before the count, given back after it). So a remover that waits finds its own record
+//! idle. A record whose thread died inside a section
 //! (`pthread_exit` from a signal handler) would hold a remover forever: a remover that has
 //! waited a while asks the kernel whether the record's thread still exists (it cannot tell a
 //! thread group's leader that exited while the others run, which stays a zombie: that one is
@@ -123,6 +124,14 @@ impl Records {
             records: std::array::from_fn(|_| Record::new()),
             high: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether record `index` shows a section (asked by its own thread, which alone writes
+    /// it: a remover on top of its own section, see `table`).
+    pub(crate) fn in_section(&self, index: usize) -> bool {
+        self.records
+            .get(index)
+            .is_some_and(|record| record.word.load(Ordering::Relaxed) & TAG != 0)
     }
 
     /// Record `index` (claimed by [`Self::claim`]).
@@ -243,10 +252,15 @@ impl Drop for Held<'_> {
 
 /// The reader's step before it loads the pointer of the fd tagged `tag` (not 0): a section
 /// on its thread's `record`, else (no record, or the thread already in a section) a count on
-/// the fd's `counter`.
+/// the fd's `counter`, with `before_count` called first.
 #[inline]
-pub(crate) fn enter<'a>(record: Option<&'a Record>, counter: &'a AtomicU32, tag: u32) -> Held<'a> {
-    enter_fenced(record, counter, tag, true)
+pub(crate) fn enter<'a>(
+    record: Option<&'a Record>,
+    counter: &'a AtomicU32,
+    tag: u32,
+    before_count: impl FnOnce(),
+) -> Held<'a> {
+    enter_fenced(record, counter, tag, true, before_count)
 }
 
 /// [`enter`], with the section's fence left out when `fenced` is false: only the model's
@@ -257,6 +271,7 @@ pub(crate) fn enter_fenced<'a>(
     counter: &'a AtomicU32,
     tag: u32,
     fenced: bool,
+    before_count: impl FnOnce(),
 ) -> Held<'a> {
     if let Some(record) = record {
         // Only this thread writes the word (see the module documentation).
@@ -270,6 +285,7 @@ pub(crate) fn enter_fenced<'a>(
             return Held::Section { record, entered };
         }
     }
+    before_count();
     counter.fetch_add(1, Ordering::SeqCst);
     // Orders the count before the pointer's load against the remover's fence, in the
     // memory model's own terms (x86-64's locked add already does; this path is rare).

@@ -151,14 +151,18 @@ pub(crate) struct FdRef {
     _held: Held<'static>,
     description: *const Description,
     thread: *const HookThread,
+    /// A hold that is a count on the fd's counter is also counted on the thread (see `get`).
+    /// Declared after `_held`, so given back after the count.
+    _counted: Option<CountedHold>,
 }
 
-impl Drop for FdRef {
+/// A thread's counted hold (`HookThread::hold`), given back when dropped.
+struct CountedHold(*const HookThread);
+
+impl Drop for CountedHold {
     fn drop(&mut self) {
-        // The description is not used any more. (The mark goes after this body: a handler
-        // arriving between the two sees no hold and may free it, which is safe now.)
         // SAFETY: this thread's state (`get` looked it up on this thread; FdRef is not Send).
-        unsafe { &*self.thread }.unhold();
+        unsafe { &*self.0 }.unhold();
     }
 }
 
@@ -241,21 +245,25 @@ pub(crate) fn get(fd: i32) -> Option<FdRef> {
     let thread = guard::this_thread();
     // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
     let state = unsafe { &*thread };
-    // Counted before the mark: a signal handler that closes the fd after this point sees the
-    // hold and does not free the description under this thread (see `retire`).
-    state.hold();
     let record = record(state);
-    let held = readers::enter(record, &slot.readers, tag(fd));
+    // A count is also counted on the thread, before it is made: a signal handler that closes
+    // the fd on top of this thread must not wait for it (see `retire`).
+    let mut counted = None;
+    let held = readers::enter(record, &slot.readers, tag(fd), || {
+        state.hold();
+        counted = Some(CountedHold(thread));
+    });
     let description = slot.description.load(Ordering::SeqCst);
     if description.is_null() {
         drop(held);
-        state.unhold();
+        drop(counted);
         return None;
     }
     Some(FdRef {
         _held: held,
         description,
         thread,
+        _counted: counted,
     })
 }
 
@@ -318,12 +326,16 @@ fn retire(fd: i32, slot: &Slot, old: *mut Description, nested: bool) {
     }
     // SAFETY: this thread's state, valid while it runs (`guard::this_thread`).
     let thread = unsafe { &*guard::this_thread() };
-    if nested || thread.holding() {
+    let on_a_reader = thread.holding()
+        || thread
+            .claimed()
+            .is_some_and(|index| RECORDS.in_section(index));
+    if nested || on_a_reader {
         // A signal handler closing an fd: waiting for readers could deadlock (its
         // interrupted thread may be one), and dropping the description takes its inode's
         // lock (which that thread may hold). A handler that runs on top of a hook before
         // the hook marked itself inside (`guard`) is not seen as nested, but the hook holds
-        // a description (maybe this one): the same. The description is leaked; its inode
+        // a description (maybe this one, see `readers`): the same. The description is leaked; its inode
         // counts the fd gone but keeps its descriptor (no last close here, see the module
         // doc).
         // SAFETY: `old` came from Arc::into_raw in `install` and is not dropped yet (this

@@ -69,6 +69,7 @@ impl World {
             &self.counter,
             TAG,
             fenced,
+            || {},
         );
         let found = self.slot.load(Ordering::SeqCst);
         let freed = found != 0 && self.use_object(found);
@@ -142,7 +143,7 @@ fn a_nested_reader_is_counted_and_waited_for() {
             thread::spawn(move || {
                 let index = world.records.claim(1, |_| false).expect("a free record");
                 let record = world.records.get(index);
-                let outer = readers::enter(record, &world.counter, TAG);
+                let outer = readers::enter(record, &world.counter, TAG, || {});
                 assert!(
                     matches!(outer, readers::Held::Section { .. }),
                     "the outer read has a section"
@@ -167,7 +168,12 @@ fn a_dead_threads_record_is_taken_over() {
         let world = World::new();
         // The dead thread: claimed record 0 and entered a section it never left.
         let dead = world.records.claim(7, |_| false).expect("a free record");
-        std::mem::forget(readers::enter(world.records.get(dead), &world.counter, TAG));
+        std::mem::forget(readers::enter(
+            world.records.get(dead),
+            &world.counter,
+            TAG,
+            || {},
+        ));
         // Fill the other record, so that the new thread must take over the dead one.
         world.records.claim(9, |_| false).expect("a free record");
         let reader = {
