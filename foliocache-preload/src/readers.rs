@@ -1,5 +1,5 @@
-//! Who is reading the fd table: a record per thread, so that a read takes no locked
-//! instruction and writes only its own thread's cache line.
+//! Who is reading the fd table: a record per thread, so that a read writes only its own
+//! thread's cache lines (its record, and the stack line its fence locks).
 //!
 //! Every hook on a served fd loads the fd's description pointer from the table and uses it
 //! for the whole call; a close (or a `dup2` over the fd) swaps the pointer out and must not
