@@ -89,8 +89,13 @@ impl World {
 
     /// A close: swap in `new`, wait for the readers, free the old object.
     fn replace(&self, new: usize) {
+        self.replace_as(None, new);
+    }
+
+    /// [`Self::replace`] by a thread whose own record is `me`.
+    fn replace_as(&self, me: Option<usize>, new: usize) {
         let old = self.slot.swap(new, Ordering::SeqCst);
-        self.records.wait(&self.counter, TAG, None, |_| true);
+        self.records.wait(&self.counter, TAG, me, |_| true);
         if old != 0 {
             if self.checked {
                 // SAFETY: loom's cell; the model checks that no reader overlaps this free.
@@ -188,6 +193,28 @@ fn a_dead_threads_record_is_taken_over() {
             })
         };
         world.replace(2);
+        assert!(!reader.join().unwrap(), "a reader found its object freed");
+    });
+}
+
+/// The remover has a record of its own, which it used to read the fd before (as a program's
+/// thread reads a file, then closes it): the wait skips that record, and still waits for the
+/// other thread's.
+#[test]
+fn a_remover_with_a_record_of_its_own_waits_for_the_others() {
+    loom::model(|| {
+        let world = World::new();
+        let mine = world.records.claim(2, |_| false).expect("a free record");
+        assert!(!world.read(Some(mine), true), "the remover's own read");
+        let reader = {
+            let world = world.clone();
+            thread::spawn(move || {
+                let index = world.records.claim(1, |_| false).expect("a free record");
+                assert_ne!(index, mine);
+                world.read(Some(index), true)
+            })
+        };
+        world.replace_as(Some(mine), 2);
         assert!(!reader.join().unwrap(), "a reader found its object freed");
     });
 }

@@ -4,6 +4,10 @@
  * reader threads keep starting (more, over the run, than the fd table has reader records, so
  * records of exited threads are taken over).
  *
+ * With `crowd`: more reader threads alive at once than the fd table has reader records (512),
+ * all reading until the end, so that the ones without a record count in the fd's counter
+ * while the main thread swaps.
+ *
  * With `signal`: the main thread reads, and a timer's signal handler swaps the file under it
  * (open, dup2 over it, close: the description replaced is its last fd's, so it is freed),
  * interrupting the reads anywhere, also between the fd table's lookup and the hook's mark
@@ -13,7 +17,7 @@
  * whole page of A or of B: the fd table frees a replaced description only after every
  * thread that could still be using it has finished (`src/readers.rs`).
  *
- * usage: fd_swaps <file A> <file B> <seconds> <reader threads|signal>
+ * usage: fd_swaps <file A> <file B> <seconds> <reader threads|crowd|signal>
  * (each file: 64 KiB) */
 #include <signal.h>
 #include <sys/time.h>
@@ -33,7 +37,7 @@
 #define SHARED_FD 100
 
 static atomic_int stop;
-static atomic_long reads_done, swaps_done, threads_started;
+static atomic_long reads_done, threads_started;
 
 static void read_page(unsigned long page) {
     char buf[PAGE];
@@ -90,6 +94,67 @@ static void *spawner(void *arg) {
     return NULL;
 }
 
+/* More readers than the fd table's records (`RECORDS` in src/readers.rs). */
+#define CROWD 544
+static pthread_barrier_t crowd_met;
+
+/* A reader of the crowd: reads once (so it holds a record, or found none), waits for the
+ * others to have read once too, then reads until the end. */
+static void *crowd_reader(void *arg) {
+    unsigned long x = 0x9E3779B97F4A7C15ul * ((unsigned long)(size_t)arg + 1);
+    read_page(x % PAGES);
+    pthread_barrier_wait(&crowd_met);
+    while (!atomic_load(&stop)) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        read_page(x % PAGES);
+    }
+    return NULL;
+}
+
+/* Swaps the file under the shared fd: open, dup2 over it, close. */
+static int swap_files(const char *a, const char *b, long swaps) {
+    int fd = open(swaps % 2 ? b : a, O_RDONLY);
+    if (fd < 0 || dup2(fd, SHARED_FD) != SHARED_FD) {
+        perror("open or dup2");
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* The `crowd` mode. */
+static int crowd_mode(const char *a, const char *b, double seconds) {
+    static pthread_t t[CROWD];
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 << 10);
+    pthread_barrier_init(&crowd_met, NULL, CROWD + 1);
+    if (swap_files(a, b, 0) != 0)
+        return 2;
+    for (size_t i = 0; i < CROWD; i++)
+        if (pthread_create(&t[i], &attr, crowd_reader, (void *)i) != 0) {
+            fprintf(stderr, "pthread_create failed at %zu\n", i);
+            _exit(4);
+        }
+    pthread_barrier_wait(&crowd_met);
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    long swaps = 1;
+    do {
+        if (swap_files(a, b, swaps++) != 0)
+            return 2;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+    } while ((now.tv_sec - t0.tv_sec) + (now.tv_nsec - t0.tv_nsec) / 1e9 < seconds);
+    atomic_store(&stop, 1);
+    for (size_t i = 0; i < CROWD; i++)
+        pthread_join(t[i], NULL);
+    printf("%ld reads, %ld swaps, %d threads at once\nok\n", atomic_load(&reads_done), swaps,
+           CROWD);
+    return 0;
+}
+
 static const char *files[2];
 static volatile sig_atomic_t handler_swaps;
 
@@ -144,13 +209,15 @@ static int signal_mode(const char *a, const char *b, double seconds) {
 
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: %s <file A> <file B> <seconds> <reader threads|signal>\n",
+        fprintf(stderr, "usage: %s <file A> <file B> <seconds> <reader threads|crowd|signal>\n",
                 argv[0]);
         return 2;
     }
     double seconds = atof(argv[3]);
     if (strcmp(argv[4], "signal") == 0)
         return signal_mode(argv[1], argv[2], seconds);
+    if (strcmp(argv[4], "crowd") == 0)
+        return crowd_mode(argv[1], argv[2], seconds);
     int count = atoi(argv[4]);
     if (count < 1 || count > 64) {
         fprintf(stderr, "1 to 64 reader threads\n");
@@ -177,13 +244,8 @@ int main(int argc, char **argv) {
             fprintf(stderr, "only %ld threads started\n", atomic_load(&threads_started));
             return 5;
         }
-        int fd = open(argv[1 + (int)(swaps % 2)], O_RDONLY);
-        if (fd < 0 || dup2(fd, SHARED_FD) != SHARED_FD) {
-            perror("open or dup2");
+        if (swap_files(argv[1], argv[2], swaps++) != 0)
             return 2;
-        }
-        close(fd);
-        swaps++;
     }
     atomic_store(&stop, 1);
     pthread_join(spawn, NULL);
