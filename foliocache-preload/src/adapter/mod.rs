@@ -102,6 +102,15 @@ pub(crate) const HANDLE_SLOTS: usize = 4;
 /// One readahead state of a description (a thread takes one on every read; see `slot`).
 pub(crate) type HandleSlot = slot::TrySlot<Option<Handle>>;
 
+/// A free slot other than the `preferred` one, which another thread holds.
+#[cold]
+#[inline(never)]
+fn other_slot(slots: &Slots, preferred: usize) -> Option<slot::Taken<'_, Option<Handle>>> {
+    (1..HANDLE_SLOTS)
+        .map(|k| &slots[(preferred + k) % HANDLE_SLOTS])
+        .find_map(HandleSlot::try_lock)
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -395,9 +404,11 @@ impl Inode {
         advice: i32,
         op: impl FnOnce(&mut Handle) -> T,
     ) -> Option<T> {
-        let mut guard = (0..slots.len())
-            .map(|k| &slots[(preferred + k) % slots.len()])
-            .find_map(HandleSlot::try_lock);
+        // The thread's own slot first; the others only when another thread holds it (in a
+        // function of their own, so that the common case does not compute their addresses).
+        let mut guard = slots[preferred % HANDLE_SLOTS]
+            .try_lock()
+            .or_else(|| other_slot(slots, preferred));
         let mut fresh = None;
         let handle = match guard.as_deref_mut() {
             Some(Some(handle)) => handle,
