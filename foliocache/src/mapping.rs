@@ -780,6 +780,11 @@ impl Mapping {
             .then(|| base.wrapping_add((index % crate::mem::place::REGION_PAGES) as u32))
     }
 
+    /// Pages `first..first + count` were filled outside their regions (see `mem::place`).
+    pub(crate) fn filled_elsewhere(&self, first: u64, count: u64) {
+        self.mem.filled_elsewhere(self.id, first, count);
+    }
+
     /// A folio for page `index`, placed by its offset where the arena allows (a small fill's,
     /// see `mem::place`); its region's block goes into the hint table. `None`: allocate as
     /// usual.

@@ -915,11 +915,28 @@ impl<'f> Submission<'f> {
                 folios.push(folio);
             }
         }
+        let placed = folios.len();
         if folios.is_empty() && small {
             cache.alloc_pages_for_readahead(slots.len(), &mut folios);
         }
         for slot in &slots[folios.len()..] {
             folios.push(cache.alloc_for_readahead(slot.order).ok()?);
+        }
+        // Pages that did not go to their regions: the regions give up their places.
+        let mut run: Option<(u64, u64)> = None;
+        for slot in &slots[placed..] {
+            let pages = 1u64 << slot.order;
+            run = match run {
+                Some((first, count)) if first + count == slot.index => Some((first, count + pages)),
+                Some((first, count)) => {
+                    self.file.mapping.filled_elsewhere(first, count);
+                    Some((slot.index, pages))
+                }
+                None => Some((slot.index, pages)),
+            };
+        }
+        if let Some((first, count)) = run {
+            self.file.mapping.filled_elsewhere(first, count);
         }
         for (folio, slot) in folios.iter().zip(slots) {
             if slot.mark {

@@ -394,3 +394,70 @@ fn a_random_readers_pages_are_placed_by_offset_and_given_back_under_pressure() {
         );
     }
 }
+
+/// A dense random reader without advice: its random reads meet cached neighbours and turn
+/// into readahead windows (as the kernel's do), whose pages are not placed. Their places in
+/// the regions come back to the allocator as those windows are filled, so once every page is
+/// cached no region holds a page unused (`mem/place.rs`): the data takes no more of the arena
+/// than without placement.
+#[test]
+fn places_of_pages_read_by_windows_are_given_back() {
+    let size = 4u64 << 20;
+    let pages = size >> 12;
+    let path = test_file("disk-placed-windows", size);
+    let expected = pattern(size);
+    let builder = Cache::builder().capacity(32 << 20).place_by_offset(true);
+    let Some(cache) = direct_or_skip(builder.build()) else {
+        return;
+    };
+    let Some(file) = direct_or_skip(cache.open(&path)) else {
+        return;
+    };
+    let mut handle = file.handle();
+    // Every page once, in a shuffled order (Fisher-Yates on a xorshift).
+    let mut order: Vec<u64> = (0..pages).collect();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for i in (1..order.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    let mut buf = vec![0u8; 4096];
+    for page in order {
+        assert_eq!(handle.read_at(&mut buf, page << 12).unwrap(), 4096);
+        assert!(
+            buf == expected[(page << 12) as usize..][..4096],
+            "page {page}"
+        );
+    }
+    // Not vacuous: some pages were filled outside their regions. A region's place for page
+    // `p` is its block's first page plus `p % 16`; the block is where most of its pages are.
+    let view = foliocache::raw::mapping(&file);
+    let mut elsewhere = 0;
+    for region in 0..pages / 16 {
+        let bases: Vec<u32> = (0..16u64)
+            .map(|k| {
+                let page = region * 16 + k;
+                let folio = view.lookup(page).expect("cached");
+                let pfn = folio.id() + (page - folio.index()) as u32;
+                pfn.wrapping_sub(k as u32)
+            })
+            .collect();
+        let most = bases
+            .iter()
+            .max_by_key(|b| bases.iter().filter(|c| c == b).count())
+            .copied()
+            .unwrap();
+        elsewhere += bases.iter().filter(|&&b| b != most).count();
+    }
+    assert!(
+        elsewhere > 0,
+        "no page was read by a window outside its region"
+    );
+    let stats = cache.stats();
+    assert_eq!(
+        stats.placed_unused_pages, 0,
+        "{elsewhere} pages filled elsewhere; the regions hold unused places: {stats:?}"
+    );
+}

@@ -547,6 +547,15 @@ impl Memory {
         self.placement.release_all(self.grace.buddy(), self.pages())
     }
 
+    /// Pages `first..first + count` of mapping `mapping` were filled outside their regions:
+    /// the regions give those pages' places back (see [`place`]).
+    pub(crate) fn filled_elsewhere(&self, mapping: u64, first: u64, count: u64) {
+        if self.placing {
+            self.placement
+                .filled_elsewhere(self.grace.buddy(), mapping, first, count);
+        }
+    }
+
     /// Mapping `mapping` is gone: its regions give their unused pages back.
     pub(crate) fn forget_placement(&self, mapping: u64) {
         self.placement.forget(self.grace.buddy(), mapping);

@@ -31,6 +31,13 @@
 //! otherwise be set aside and given back again and again. A file's regions give their unused
 //! pages back when its mapping goes ([`Placement::forget`]).
 //!
+//! A page that a fill puts outside its region (a window of large folios, or of more pages
+//! than are placed, from a reader whose random reads met cached neighbours and became a
+//! stream) would leave its place in the region unused for good: the region gives that place
+//! back to the allocator when the fill allocates ([`Placement::filled_elsewhere`]). Without
+//! this, a dense random reader's data took 1.3× the memory (docs/BENCHMARKS.md, "Pages placed
+//! by their offset, and their memory").
+//!
 //! # Pages handed out
 //! A page handed out is an ordinary order-0 folio: it is freed, when its life ends, page by
 //! page, as a block taken whole may be (see `buddy`). The region remembers it was handed out
@@ -184,6 +191,47 @@ impl Placement {
         freed
     }
 
+    /// Pages `first..first + count` of mapping `mapping` were filled outside their regions (a
+    /// window of large folios, or of more pages than are placed): their places in the regions
+    /// would stay unused for good, so they go back to `buddy` now. Otherwise each such page
+    /// takes two pages of the arena, and the data more of the arena's huge pages (see
+    /// docs/BENCHMARKS.md, "Pages placed by their offset, and their memory"). Returns how
+    /// many came back.
+    pub(crate) fn filled_elsewhere(
+        &self,
+        buddy: &Buddy,
+        mapping: u64,
+        first: u64,
+        count: u64,
+    ) -> usize {
+        if self.held.load(Ordering::Relaxed) == 0 || count == 0 {
+            return 0;
+        }
+        let mut state = self.state.lock();
+        let end = first.saturating_add(count);
+        let mut freed = 0;
+        let mut index = first;
+        while index < end {
+            let region_end = ((index >> REGION_ORDER) + 1) << REGION_ORDER;
+            let stop = region_end.min(end);
+            if let Some(region) = state.regions.get_mut(&(mapping, index >> REGION_ORDER))
+                && region.open
+            {
+                for page in index..stop {
+                    let k = (page % REGION_PAGES) as usize;
+                    if !region.is_given(k) {
+                        region.given[k / 64] |= 1 << (k % 64);
+                        buddy.free(region.base + k as u32, 0);
+                        freed += 1;
+                    }
+                }
+            }
+            index = stop;
+        }
+        self.held.fetch_sub(freed, Ordering::Relaxed);
+        freed
+    }
+
     /// Mapping `mapping` goes: its regions give their pages not handed out back and are
     /// forgotten. Returns how many pages came back.
     pub(crate) fn forget(&self, buddy: &Buddy, mapping: u64) -> usize {
@@ -261,6 +309,45 @@ mod tests {
             4,
             "the pages merged back into whole blocks"
         );
+    }
+
+    /// Pages filled outside their regions give their places back at once, across a region
+    /// boundary, never a place already handed out, and nothing of a region released or of
+    /// another mapping; such a place is not handed out afterwards.
+    #[test]
+    fn places_of_pages_filled_elsewhere_come_back() {
+        let pages = 4 << REGION_ORDER;
+        let buddy = Buddy::new(pages, REGION_ORDER).unwrap();
+        let place = Placement::new();
+        let rp = REGION_PAGES;
+        let (p2, _) = place.take(&buddy, pages, 1, 2).unwrap();
+        let (q, _) = place.take(&buddy, pages, 1, rp).unwrap();
+        let (other, _) = place.take(&buddy, pages, 2, 5).unwrap();
+        let free = buddy.free_pages();
+        assert_eq!(place.held_pages(), 3 * rp as usize - 3);
+        // Pages 0..4 and rp..rp + 2 of mapping 1: 2 and rp were placed, 0, 1, 3 and rp + 1
+        // come back (the window crosses into the second region).
+        assert_eq!(place.filled_elsewhere(&buddy, 1, 0, 4), 3);
+        assert_eq!(place.filled_elsewhere(&buddy, 1, rp, 2), 1);
+        assert_eq!(buddy.free_pages(), free + 4);
+        assert_eq!(place.held_pages(), 3 * rp as usize - 7);
+        assert_eq!(
+            place.take(&buddy, pages, 1, 0),
+            None,
+            "its place was given back"
+        );
+        assert!(
+            place.take(&buddy, pages, 1, 4).is_some(),
+            "others stay placed"
+        );
+        // A mapping without regions there, and pages beyond any region: nothing.
+        assert_eq!(place.filled_elsewhere(&buddy, 3, 0, 4 * rp), 0);
+        assert_eq!(place.filled_elsewhere(&buddy, 1, 2 * rp, 2 * rp), 0);
+        // A released region gives nothing more.
+        place.release_all(&buddy, pages);
+        assert_eq!(place.held_pages(), 0);
+        assert_eq!(place.filled_elsewhere(&buddy, 2, 0, rp), 0);
+        let _ = (p2, q, other);
     }
 
     /// Regions given back while mostly unused (a sparse reader) stop new ones for as many
