@@ -15,8 +15,10 @@
 //! * a block that spans two pages (a RocksDB block of 4 KiB and its trailer) lies in one
 //!   run of memory, and its two descriptors are neighbours in the folio table.
 //!
-//! Measured in docs/BENCHMARKS.md ("Pages placed by their offset"), with what it costs: the
-//! regions spread a sparse reader's data over more of the arena. Off by default.
+//! Measured in docs/BENCHMARKS.md ("Pages placed by their offset", and "..., and their
+//! memory"). Off by default: under the clock policy a hot set placed so loses more of its
+//! pages to a scan (the arena ends with more free fragments that a scan's windows of large
+//! folios cannot use), for reasons not found yet.
 //!
 //! # Which fills, and how much memory
 //! Only fills of at most [`PLACE_MAX_PAGES`] 4 KiB folios (a random reader's; readahead
