@@ -764,6 +764,47 @@ fn owner_killed_while_processes_read_and_write() {
     }
 }
 
+/// A process that waited for another's owner to start, and saw that owner die before it
+/// could connect, starts one again. The lock an owner holds while it starts is held here
+/// for 2.5 s (an owner waits 2 s for one that is starting, then steps aside) and then let go,
+/// as when the starting owner is killed; the attach must not wait out its 20 s for an owner
+/// nobody starts.
+#[test]
+fn an_owner_that_died_while_others_waited_is_started_again() {
+    if child_entry() {
+        return;
+    }
+    use std::os::unix::fs::DirBuilderExt;
+    let setup = Setup::new("restart", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let rt = setup.dir.join("rt");
+    std::fs::DirBuilder::new().mode(0o700).create(&rt).unwrap();
+    let lock = std::fs::File::create(rt.join(format!("{}.lock", setup.name))).unwrap();
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
+    let holder = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(2500));
+        drop(lock);
+    });
+    let start = Instant::now();
+    let cache = with_runtime_dir(&rt, || {
+        Cache::builder()
+            .capacity(32 << 20)
+            .shared(setup.name.clone())
+            .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+            .build()
+    });
+    holder.join().unwrap();
+    let cache = cache.unwrap_or_else(|e| panic!("the attach failed: {e}"));
+    let took = start.elapsed();
+    let file = cache.open(setup.dir.join("static")).expect("open");
+    let mut bytes = vec![0u8; PAGE as usize];
+    let n = file.handle().read_at(&mut bytes, 3 * PAGE).expect("read");
+    assert_eq!(n, bytes.len());
+    check_words(&bytes, 3, 0, 0, "a read through the owner started again");
+    println!("attached after the starting owner died: {took:?}");
+    drop(file);
+    drop(cache);
+}
+
 #[test]
 fn another_user_cannot_attach() {
     if child_entry() {

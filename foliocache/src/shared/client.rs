@@ -1324,7 +1324,7 @@ fn connect_or_start(
 ) -> Result<(Conn, Msg, Option<OwnedFd>), Error> {
     let name = &paths.name;
     let deadline = Instant::now() + runtime::START_TIMEOUT;
-    let mut started = false;
+    let mut starts = 0u32;
     let mut last_error: String;
     loop {
         match Conn::connect(&paths.sock) {
@@ -1354,16 +1354,22 @@ fn connect_or_start(
             }
             Err(e) => {
                 last_error = e.to_string();
-                if !started
-                    && matches!(
-                        e.kind(),
-                        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
-                    )
-                {
-                    // An owner that dies before it is ready (killed while it takes over a
-                    // dead one's mapping) leaves the start to be made again.
-                    started = start_owner(paths, settings, program, memfd)?;
-                    continue;
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+                ) {
+                    // Nobody listens: no owner was started yet, or the one that was has died
+                    // since, whether before it was ready (killed while it took over a dead
+                    // one's mapping) or after it said so (to this process, or to another
+                    // starter whose owner then stepped aside for it). Start one again each
+                    // time: an owner steps aside at once for one that listens, and waits
+                    // (2 s at most) for one that holds the lock while it starts, so the
+                    // starts are paced by the owners, and bounded by the deadline.
+                    starts += 1;
+                    let ready = start_owner(paths, settings, program, memfd)?;
+                    if ready && starts == 1 {
+                        continue;
+                    }
                 }
             }
         }
