@@ -780,6 +780,11 @@ impl Mapping {
             .then(|| base.wrapping_add((index % crate::mem::place::REGION_PAGES) as u32))
     }
 
+    /// Whether the cache's regions hold any place not handed out (see `mem::place`).
+    pub(crate) fn places_held(&self) -> bool {
+        self.mem.places_held()
+    }
+
     /// Pages `first..first + count` were filled outside their regions (see `mem::place`).
     pub(crate) fn filled_elsewhere(&self, first: u64, count: u64) {
         self.mem.filled_elsewhere(self.id, first, count);

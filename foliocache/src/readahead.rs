@@ -922,9 +922,22 @@ impl<'f> Submission<'f> {
         for slot in &slots[folios.len()..] {
             folios.push(cache.alloc_for_readahead(slot.order).ok()?);
         }
-        // Pages that did not go to their regions: the regions give up their places.
+        if placed < slots.len() && self.file.mapping.places_held() {
+            self.give_up_places(&slots[placed..]);
+        }
+        for (folio, slot) in folios.iter().zip(slots) {
+            if slot.mark {
+                folio.set(flag::READAHEAD);
+            }
+        }
+        Some(folios)
+    }
+
+    /// `slots` were filled outside their regions: the regions give up their places, one call
+    /// per run of consecutive pages.
+    fn give_up_places(&self, slots: &[Slot]) {
         let mut run: Option<(u64, u64)> = None;
-        for slot in &slots[placed..] {
+        for slot in slots {
             let pages = 1u64 << slot.order;
             run = match run {
                 Some((first, count)) if first + count == slot.index => Some((first, count + pages)),
@@ -938,12 +951,6 @@ impl<'f> Submission<'f> {
         if let Some((first, count)) = run {
             self.file.mapping.filled_elsewhere(first, count);
         }
-        for (folio, slot) in folios.iter().zip(slots) {
-            if slot.mark {
-                folio.set(flag::READAHEAD);
-            }
-        }
-        Some(folios)
     }
 
     fn insert_batched(

@@ -556,6 +556,12 @@ impl Memory {
         }
     }
 
+    /// Whether any region holds places not handed out (one atomic load): a fill that went
+    /// elsewhere has no place to give back otherwise.
+    pub(crate) fn places_held(&self) -> bool {
+        self.placing && self.placement.held_pages() > 0
+    }
+
     /// Mapping `mapping` is gone: its regions give their unused pages back.
     pub(crate) fn forget_placement(&self, mapping: u64) {
         self.placement.forget(self.grace.buddy(), mapping);

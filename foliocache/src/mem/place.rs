@@ -84,20 +84,32 @@ impl Region {
         self.given[k / 64] & (1 << (k % 64)) != 0
     }
 
-    /// Gives the pages not handed out back to `buddy`; returns how many.
+    /// Marks page `k` as gone from the region (handed out, or given up).
+    fn mark_given(&mut self, k: usize) {
+        self.given[k / 64] |= 1 << (k % 64);
+    }
+
+    /// Page `k` leaves the region without being handed out: marked, and freed to `buddy`.
+    /// False if it had left already.
+    fn give_up(&mut self, k: usize, buddy: &Buddy) -> bool {
+        if self.is_given(k) {
+            return false;
+        }
+        self.mark_given(k);
+        buddy.free(self.base + k as u32, 0);
+        true
+    }
+
+    /// Gives the pages not handed out back to `buddy` and closes the region; returns how
+    /// many.
     fn give_back(&mut self, buddy: &Buddy) -> usize {
         if !self.open {
             return 0;
         }
         self.open = false;
-        let mut freed = 0;
-        for k in 0..REGION_PAGES as usize {
-            if !self.is_given(k) {
-                buddy.free(self.base + k as u32, 0);
-                freed += 1;
-            }
-        }
-        freed
+        (0..REGION_PAGES as usize)
+            .filter(|&k| self.give_up(k, buddy))
+            .count()
     }
 }
 
@@ -165,7 +177,7 @@ impl Placement {
         if !region.open || region.is_given(k) {
             return None;
         }
-        region.given[k / 64] |= 1 << (k % 64);
+        region.mark_given(k);
         self.held.fetch_sub(1, Ordering::Relaxed);
         Some((region.base + k as u32, region.base))
     }
@@ -220,14 +232,9 @@ impl Placement {
             if let Some(region) = state.regions.get_mut(&(mapping, index >> REGION_ORDER))
                 && region.open
             {
-                for page in index..stop {
-                    let k = (page % REGION_PAGES) as usize;
-                    if !region.is_given(k) {
-                        region.given[k / 64] |= 1 << (k % 64);
-                        buddy.free(region.base + k as u32, 0);
-                        freed += 1;
-                    }
-                }
+                freed += (index..stop)
+                    .filter(|&page| region.give_up((page % REGION_PAGES) as usize, buddy))
+                    .count();
             }
             index = stop;
         }
