@@ -25,7 +25,10 @@
 //!   reserve, which grows as the index does).
 //!
 //! Systems: `workingset` (the default policy), `two-lists` (same lists, no shadows), `clock`
-//! (one list with a second chance: the plain LRU approximation). For each run, the process's
+//! (one list with a second chance: the plain LRU approximation). The hot+scan and shift cases
+//! also run `workingset, placed` and `clock, placed`: the same policies with small fills'
+//! pages placed by their file offset (`CacheBuilder::place_by_offset`), which changes where
+//! in the arena evictions free memory, and so what the scan's large folios find. For each run, the process's
 //! resident memory is measured before the cache is built, and its peak (`VmHWM`) at the end:
 //! the peak is reset first (`/proc/self/clear_refs` "5") where the kernel allows it, so the
 //! growth over the budget is the run's own peak, not what is left resident at the end.
@@ -46,6 +49,15 @@ const POLICIES: [(&str, ReclaimPolicy); 3] = [
     ("workingset", ReclaimPolicy::Workingset),
     ("two-lists", ReclaimPolicy::TwoLists),
     ("clock", ReclaimPolicy::Clock),
+];
+/// The systems of the hot+scan and shift cases: a policy, and whether small fills are placed
+/// by their offset.
+const SYSTEMS: [(&str, ReclaimPolicy, bool); 5] = [
+    ("workingset", ReclaimPolicy::Workingset, false),
+    ("two-lists", ReclaimPolicy::TwoLists, false),
+    ("clock", ReclaimPolicy::Clock, false),
+    ("workingset, placed", ReclaimPolicy::Workingset, true),
+    ("clock, placed", ReclaimPolicy::Clock, true),
 ];
 const HOT_READS_PER_SCAN_READ: usize = 4;
 const SCAN_READ: usize = 64 << 10;
@@ -151,6 +163,8 @@ struct Run {
     /// Pages the cache held for folios (arena minus the index reserve), averaged over the run.
     folio_pages: f64,
     counters: foliocache::ReclaimStats,
+    /// What the scan's readahead did, and the memory left free at the end (hot+scan only).
+    scan: Option<String>,
 }
 
 /// The pages a cache holds for folios now.
@@ -160,12 +174,17 @@ fn folio_pages(cache: &Cache) -> u64 {
 }
 
 fn build(budget: u64, policy: ReclaimPolicy) -> Result<Cache, String> {
+    build_placed(budget, policy, false)
+}
+
+fn build_placed(budget: u64, policy: ReclaimPolicy, placed: bool) -> Result<Cache, String> {
     Cache::builder()
         .capacity(budget)
         .policy(Policy {
             reclaim: policy,
             ..Policy::default()
         })
+        .place_by_offset(placed)
         .build()
         .map_err(|e| e.to_string())
 }
@@ -206,9 +225,9 @@ fn warm(file: &File, backend: &Synthetic, rng: &mut Rng) -> Result<(), String> {
 }
 
 /// One hot+scan run.
-fn hot_scan(budget: u64, policy: ReclaimPolicy, seed: u64) -> Result<Run, String> {
+fn hot_scan(budget: u64, policy: ReclaimPolicy, placed: bool, seed: u64) -> Result<Run, String> {
     let rss = Rss::start();
-    let cache = build(budget, policy)?;
+    let cache = build_placed(budget, policy, placed)?;
     let arena = cache.stats().total_pages;
     let hot_pages = arena * 2 / 5;
     let hot_backend = Synthetic::new(hot_pages * PAGE, 1);
@@ -243,21 +262,32 @@ fn hot_scan(budget: u64, policy: ReclaimPolicy, seed: u64) -> Result<Run, String
     }
     let misses = hot_backend.pages_served.load(Ordering::Relaxed) - served_before;
     let rss_delta = rss.growth();
+    let ra = scan.readahead_stats();
     Ok(Run {
         hit_ratio: 1.0 - misses as f64 / hot_reads as f64,
         rss_delta,
         peak_reset: rss.reset,
         folio_pages: folio_pages(&cache) as f64,
         counters: cache.reclaim_stats(),
+        scan: Some(format!(
+            "scan: {} pages in {} folios, {} windows finished in pages, {} cut short for \
+             memory; {} of {} pages free at the end",
+            ra.pages,
+            ra.folios,
+            ra.order_fallbacks,
+            ra.out_of_memory,
+            cache.stats().free_pages,
+            cache.stats().total_pages,
+        )),
     })
 }
 
 /// One shift run: a stale set of 45% of the arena is warmed (and holds the active list), then
 /// a new set of 60% is read in a fixed shuffled loop, `SHIFT_LOOPS` times. Metric: the new
 /// set's hit ratio after its first loop.
-fn shift(budget: u64, policy: ReclaimPolicy, seed: u64) -> Result<Run, String> {
+fn shift(budget: u64, policy: ReclaimPolicy, placed: bool, seed: u64) -> Result<Run, String> {
     let rss = Rss::start();
-    let cache = build(budget, policy)?;
+    let cache = build_placed(budget, policy, placed)?;
     let arena = cache.stats().total_pages;
     let stale_backend = Synthetic::new(arena * 9 / 20 * PAGE, 2);
     let new_backend = Synthetic::new(arena * 3 / 5 * PAGE, 5);
@@ -290,6 +320,7 @@ fn shift(budget: u64, policy: ReclaimPolicy, seed: u64) -> Result<Run, String> {
         peak_reset: rss.reset,
         folio_pages: folio_pages(&cache) as f64,
         counters: cache.reclaim_stats(),
+        scan: None,
     })
 }
 
@@ -340,6 +371,7 @@ fn zipf_run(budget: u64, policy: ReclaimPolicy, trace: &[u64], pages: u64) -> Re
         peak_reset: rss.reset,
         folio_pages: sampled as f64 / samples.max(1) as f64,
         counters: cache.reclaim_stats(),
+        scan: None,
     })
 }
 
@@ -379,7 +411,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "reps": reps,
         }),
     );
-    let cases = 2 * POLICIES.len() * reps
+    let cases = 2 * SYSTEMS.len() * reps
         + ZIPF_EXPONENTS.len() * (POLICIES.len() * reps + SIMULATED.len());
     let bar = ProgressBar::new(cases as u64).with_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
@@ -393,16 +425,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let mut plot_groups = Vec::new();
     for case in ["hot+scan", "shift"] {
         let mut group = Vec::new();
-        for (name, policy) in POLICIES {
+        for (name, policy, placed) in SYSTEMS {
             let mut ratios = Vec::new();
             let mut last = None;
             for rep in 0..reps {
                 bar.set_message(format!("{case} {name}"));
                 let seed = 0x5EED + rep as u64;
                 let run = if case == "shift" {
-                    shift(budget, policy, seed)?
+                    shift(budget, policy, placed, seed)?
                 } else {
-                    hot_scan(budget, policy, seed)?
+                    hot_scan(budget, policy, placed, seed)?
                 };
                 ratios.push(100.0 * run.hit_ratio);
                 rss.push((format!("{case} {name}"), run.rss_delta));
@@ -414,10 +446,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             group.push((name.to_string(), figure.median));
             report.results.push(figure);
             if let Some(run) = last {
-                counters.insert(
-                    format!("{case} {name}"),
-                    json!(format!("{:?}", run.counters)),
-                );
+                let mut text = format!("{:?}", run.counters);
+                if let Some(scan) = &run.scan {
+                    text = format!("{text}; {scan}");
+                }
+                counters.insert(format!("{case} {name}"), json!(text));
             }
         }
         plot_groups.push((case.to_string(), group));
@@ -485,6 +518,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     for case in ["hot+scan", "shift"] {
         report.ratio(case, HOT_METRIC, "workingset", "clock");
         report.ratio(case, HOT_METRIC, "workingset", "two-lists");
+        report.ratio(case, HOT_METRIC, "workingset, placed", "workingset");
+        report.ratio(case, HOT_METRIC, "clock, placed", "clock");
     }
     let worst = rss.iter().max_by_key(|(_, d)| *d).cloned();
     if let Some((run, delta)) = worst {
