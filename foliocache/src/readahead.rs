@@ -898,7 +898,9 @@ impl<'f> Submission<'f> {
         cached.min(slots.len() as u64) as usize
     }
 
-    /// Allocates a folio for every slot, or none at all (memory under pressure).
+    /// Allocates a folio for every slot, or none at all (memory under pressure). A window of
+    /// large folios may get folios for its first slots only (the next large folio could not
+    /// be had): its caller finishes the window in 4 KiB folios.
     fn preallocate(&self, slots: &[Slot]) -> Option<Vec<NewFolio<'f>>> {
         let cache = &self.file.core;
         let mut folios = Vec::with_capacity(slots.len());
@@ -920,10 +922,17 @@ impl<'f> Submission<'f> {
             cache.alloc_pages_for_readahead(slots.len(), &mut folios);
         }
         for slot in &slots[folios.len()..] {
-            folios.push(cache.alloc_for_readahead(slot.order).ok()?);
+            match cache.alloc_for_readahead(slot.order) {
+                Ok(folio) => folios.push(folio),
+                // A large folio that cannot be had (its allocation evicted what it would):
+                // the folios so far go in, and the window's caller finishes it in 4 KiB
+                // folios, without asking for this one again (another eviction).
+                Err(_) if slot.order > 0 => break,
+                Err(_) => return None,
+            }
         }
-        if placed < slots.len() && self.file.mapping.places_held() {
-            self.give_up_places(&slots[placed..]);
+        if placed < folios.len() && self.file.mapping.places_held() {
+            self.give_up_places(&slots[placed..folios.len()]);
         }
         for (folio, slot) in folios.iter().zip(slots) {
             if slot.mark {

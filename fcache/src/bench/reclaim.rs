@@ -411,8 +411,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "reps": reps,
         }),
     );
-    let cases = 2 * SYSTEMS.len() * reps
-        + ZIPF_EXPONENTS.len() * (POLICIES.len() * reps + SIMULATED.len());
+    let cases =
+        2 * SYSTEMS.len() * reps + ZIPF_EXPONENTS.len() * (POLICIES.len() * reps + SIMULATED.len());
     let bar = ProgressBar::new(cases as u64).with_style(
         ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
             .map_err(|e| e.to_string())?
