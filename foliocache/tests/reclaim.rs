@@ -50,6 +50,26 @@ fn read_page(handle: &mut Handle, page: u64) {
     );
 }
 
+/// Reads all of `file` in order, in 64 KiB reads, checking every byte, and waits for its I/O.
+fn read_whole(file: &File, what: &str) {
+    let mut handle = file.handle();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut pos = 0;
+    while pos < file.size() {
+        let n = handle.read_at(&mut buf, pos).unwrap();
+        assert!(n > 0);
+        assert!(
+            buf[..n]
+                .iter()
+                .enumerate()
+                .all(|(k, &b)| b == byte_at(pos + k as u64)),
+            "{what}: wrong bytes at {pos}"
+        );
+        pos += n as u64;
+    }
+    file.wait_for_io();
+}
+
 fn cached(file: &File, page: u64) -> bool {
     foliocache::raw::mapping(file).lookup(page).is_some()
 }
@@ -407,24 +427,9 @@ fn the_budget_holds_folios_and_metadata_together() {
             (cache.open_backend(backend.clone(), None).unwrap(), backend)
         })
         .collect();
-    let mut buf = vec![0u8; 64 << 10];
     for round in 0..2 {
         for (file, _) in &files {
-            let mut handle = file.handle();
-            let mut pos = 0;
-            while pos < file.size() {
-                let n = handle.read_at(&mut buf, pos).unwrap();
-                assert!(n > 0);
-                assert!(
-                    buf[..n]
-                        .iter()
-                        .enumerate()
-                        .all(|(k, &b)| b == byte_at(pos + k as u64)),
-                    "round {round}: wrong bytes at {pos}"
-                );
-                pos += n as u64;
-            }
-            file.wait_for_io();
+            read_whole(file, &format!("round {round}"));
             let stats = cache.stats();
             assert!(
                 stats.accounted_bytes() <= budget,
@@ -619,22 +624,7 @@ fn a_large_folio_takes_free_pages_apart_before_it_evicts() {
     let pages = free / 2;
     let backend = Arc::new(MemBackend::new(pattern(pages * PAGE)));
     let large = cache.open_backend(backend, None).unwrap();
-    let mut reader = large.handle();
-    let mut buf = vec![0u8; 64 << 10];
-    let mut pos = 0;
-    while pos < large.size() {
-        let n = reader.read_at(&mut buf, pos).unwrap();
-        assert!(n > 0);
-        assert!(
-            buf[..n]
-                .iter()
-                .enumerate()
-                .all(|(k, &b)| b == byte_at(pos + k as u64)),
-            "wrong bytes at {pos}"
-        );
-        pos += n as u64;
-    }
-    large.wait_for_io();
+    read_whole(&large, "the file of large folios");
     let ra = large.readahead_stats();
     assert_eq!(
         cache.reclaim_stats().evicted_pages,

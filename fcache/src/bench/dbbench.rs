@@ -14,8 +14,10 @@
 //! * Systems: `kernel` (db_bench as it is); `private` and `shared` (db_bench with
 //!   `libfoliocache_preload.so` serving the database directory, on a cache of its own
 //!   (`FOLIOCACHE_SHARED=off`) or on a shared cache the suite makes for itself and ends at
-//!   its end). `kernel` and the limit are measured in every case, `private` cold and
-//!   warm-in-process, `shared` cold and warm. All with `--use_direct_reads=false`: RocksDB
+//!   its end). `private, placed`: the private cache with small fills' pages placed by their
+//!   file offset (`FOLIOCACHE_PLACE=offset`), so placement is measured against the private
+//!   cache without it in the same run. `kernel` and the limit are measured in every case, the
+//!   private systems cold and warm-in-process, `shared` cold and warm. All with `--use_direct_reads=false`: RocksDB
 //!   reads with `pread`, and advises random access on open (its default), so its iterators
 //!   issue `readahead(2)` themselves. And the limit, `kernel-mmap`: `--mmap_read=1`, RocksDB
 //!   reading the kernel's page cache through `mmap` (no system call and no copy per block, no
@@ -54,6 +56,8 @@ use std::time::Duration;
 const KERNEL: &str = "kernel";
 /// db_bench through the preload library on a cache of its own (`FOLIOCACHE_SHARED=off`).
 const PRIVATE: &str = "private";
+/// [`PRIVATE`] with small fills placed by their file offset (`FOLIOCACHE_PLACE=offset`).
+const PRIVATE_PLACED: &str = "private, placed";
 /// db_bench through the preload library on a shared cache that outlives each process.
 const SHARED: &str = "shared";
 /// The zero-copy limit: RocksDB reading through `mmap` of the kernel's page cache
@@ -710,7 +714,7 @@ impl Samples {
             }
             for &k in &measured {
                 let name = systems[k].name();
-                if name == PRIVATE || name == SHARED {
+                if [PRIVATE, PRIVATE_PLACED, SHARED].contains(&name) {
                     report.ratio(&label, "ops/s", name, KERNEL);
                     report.ratio(&label, "cpu_s", name, KERNEL);
                 }
@@ -724,10 +728,25 @@ impl Samples {
                     self.busy[0][c].max(self.busy[k][c]),
                 );
             }
+            // Placement against none, per repetition.
+            let find = |name: &str| {
+                measured
+                    .iter()
+                    .copied()
+                    .find(|&k| systems[k].name() == name)
+            };
+            if let (Some(placed), Some(private)) = (find(PRIVATE_PLACED), find(PRIVATE)) {
+                report.paired(
+                    &label,
+                    (PRIVATE_PLACED, &self.ops[placed][c]),
+                    (PRIVATE, &self.ops[private][c]),
+                    self.busy[placed][c].max(self.busy[private][c]),
+                );
+            }
             // The library's share of each limit measured in the case, per repetition (warm
             // cases only: cold, mmap faults the file in and is no limit).
             for &k in measured.iter().filter(|_| case != Case::Cold) {
-                if ![PRIVATE, SHARED].contains(&systems[k].name()) {
+                if ![PRIVATE, PRIVATE_PLACED, SHARED].contains(&systems[k].name()) {
                     continue;
                 }
                 for &l in &measured {
@@ -864,6 +883,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
         Box::new(Preload {
             name: PRIVATE,
             env: with(&[("FOLIOCACHE_SHARED", "off")]),
+            stats: &stats_path,
+            shared: None,
+        }),
+        Box::new(Preload {
+            name: PRIVATE_PLACED,
+            env: with(&[("FOLIOCACHE_SHARED", "off"), ("FOLIOCACHE_PLACE", "offset")]),
             stats: &stats_path,
             shared: None,
         }),
@@ -1125,6 +1150,16 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                 }
                 rows.push(row);
             }
+            // Placement by offset against the private cache without it, in the same runs.
+            if let Some(p) = report.paired_ratio(&case, PRIVATE_PLACED, PRIVATE) {
+                rows.push(
+                    Row::new("000", format!("db_bench {case}, private: placed vs not"))
+                        .before(value(ops(PRIVATE), 1e-3, ""))
+                        .after(value(ops(PRIVATE_PLACED), 1e-3, ""))
+                        .ratio(Spread::of(p, Unit::Times))
+                        .busy_from(&[Some(p), ops(PRIVATE_PLACED), ops(PRIVATE)]),
+                );
+            }
             // The ceilings of a capped goal's case: what no cache behind pread can pass (mmap),
             // and what a pread costing only its copy reaches.
             if GOALS.iter().any(|g| g.capped && g.case == case) {
@@ -1139,7 +1174,7 @@ pub(crate) fn summary(report: &Report) -> Vec<Row> {
                         );
                     }
                 }
-                for system in [PRIVATE, SHARED] {
+                for system in [PRIVATE, PRIVATE_PLACED, SHARED] {
                     if let Some(share) = report.paired_ratio(&case, system, PREAD_LIMIT) {
                         rows.push(
                             Row::new(
