@@ -69,34 +69,46 @@ impl CacheCore {
         self.mem.alloc_folios(n, out)
     }
 
-    /// Allocates a folio for readahead, a read or a write, evicting idle folios read from
-    /// storage when the arena is dry (and waking the flusher when what is left is dirty).
-    ///
-    /// A large folio that finds no free block while free pages are plenty
-    /// ([`Self::free_pages_apart`]) fails at once, evicting nothing. Every caller of a large
-    /// order has a smaller one to fall back to (a window finishes in 4 KiB folios, as the
-    /// kernel's `page_cache_ra_order` does when a large folio cannot be had).
-    pub(crate) fn alloc_for_readahead(&self, order: u8) -> Result<NewFolio<'_>, Error> {
+    /// A folio of a readahead window: as [`Self::alloc_for_readahead`], except that a large
+    /// folio that finds no free block while free pages are plenty
+    /// ([`Self::free_pages_apart`]) fails at once, evicting nothing. The window then finishes
+    /// in 4 KiB folios, as the kernel's `page_cache_ra_order` does when a large folio cannot
+    /// be had. (Writes and staging folios keep evicting for their block: a write's fallback
+    /// writes a dirty folio back, and a truncation's copy of the folio at the new end has
+    /// none.)
+    pub(crate) fn alloc_for_window(&self, order: u8) -> Result<NewFolio<'_>, Error> {
         match self.mem.alloc_folio(order) {
             Err(Error::NoMemory { .. }) if order > 0 && self.free_pages_apart(order) => {
                 Err(Error::NoMemory { order })
             }
-            Err(Error::NoMemory { .. }) => {
-                let want = (1u64 << order).max(EVICT_BATCH_PAGES);
-                if self.reclaim.evict(&self.mem, want) > 0 {
-                    // Evicted folios were published: they come back after a grace period
-                    // (the allocator waits for it briefly).
-                    self.mem.alloc_folio(order)
-                } else {
-                    // Reclaim found nothing clean to drop: dirty data must be written first
-                    // (`wakeup_flusher_threads(WB_REASON_VMSCAN)`).
-                    if self.dirty.stats().dirty_pages > 0 {
-                        self.dirty.kick();
-                    }
-                    Err(Error::NoMemory { order })
-                }
-            }
+            Err(Error::NoMemory { .. }) => self.alloc_after_eviction(order),
             other => other,
+        }
+    }
+
+    /// Allocates a folio for readahead, a read or a write, evicting idle folios read from
+    /// storage when the arena is dry (and waking the flusher when what is left is dirty).
+    pub(crate) fn alloc_for_readahead(&self, order: u8) -> Result<NewFolio<'_>, Error> {
+        match self.mem.alloc_folio(order) {
+            Err(Error::NoMemory { .. }) => self.alloc_after_eviction(order),
+            other => other,
+        }
+    }
+
+    /// Evicts at least a batch (or the folio's size), then allocates a folio of `order`.
+    fn alloc_after_eviction(&self, order: u8) -> Result<NewFolio<'_>, Error> {
+        let want = (1u64 << order).max(EVICT_BATCH_PAGES);
+        if self.reclaim.evict(&self.mem, want) > 0 {
+            // Evicted folios were published: they come back after a grace period (the
+            // allocator waits for it briefly).
+            self.mem.alloc_folio(order)
+        } else {
+            // Reclaim found nothing clean to drop: dirty data must be written first
+            // (`wakeup_flusher_threads(WB_REASON_VMSCAN)`).
+            if self.dirty.stats().dirty_pages > 0 {
+                self.dirty.kick();
+            }
+            Err(Error::NoMemory { order })
         }
     }
 

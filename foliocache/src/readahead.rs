@@ -922,7 +922,7 @@ impl<'f> Submission<'f> {
             cache.alloc_pages_for_readahead(slots.len(), &mut folios);
         }
         for slot in &slots[folios.len()..] {
-            match cache.alloc_for_readahead(slot.order) {
+            match cache.alloc_for_window(slot.order) {
                 Ok(folio) => folios.push(folio),
                 // A large folio that cannot be had (its allocation evicted what it would):
                 // the folios so far go in, and the window's caller finishes it in 4 KiB
@@ -1022,7 +1022,7 @@ impl<'f> Submission<'f> {
                 self.count_skips(1);
                 continue;
             }
-            let Ok(folio) = cache.alloc_for_readahead(slot.order) else {
+            let Ok(folio) = cache.alloc_for_window(slot.order) else {
                 self.disk.ra.out_of_memory.inc();
                 return k;
             };

@@ -766,9 +766,9 @@ fn owner_killed_while_processes_read_and_write() {
 
 /// A process that waited for another's owner to start, and saw that owner die before it
 /// could connect, starts one again. The lock an owner holds while it starts is held here
-/// for 2.5 s (an owner waits 2 s for one that is starting, then steps aside) and then let go,
-/// as when the starting owner is killed; the attach must not wait out its 20 s for an owner
-/// nobody starts.
+/// for 4.5 s (an owner waits 2 s for one that is starting, then steps aside, so the first
+/// start steps aside however late it began) and then let go, as when the starting owner is
+/// killed; the attach must not wait out its 20 s for an owner nobody starts.
 #[test]
 fn an_owner_that_died_while_others_waited_is_started_again() {
     if child_entry() {
@@ -781,7 +781,7 @@ fn an_owner_that_died_while_others_waited_is_started_again() {
     let lock = std::fs::File::create(rt.join(format!("{}.lock", setup.name))).unwrap();
     rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).unwrap();
     let holder = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(2500));
+        std::thread::sleep(Duration::from_millis(4500));
         drop(lock);
     });
     let start = Instant::now();

@@ -1362,9 +1362,10 @@ fn connect_or_start(
                     // since, whether before it was ready (killed while it took over a dead
                     // one's mapping) or after it said so (to this process, or to another
                     // starter whose owner then stepped aside for it). Start one again each
-                    // time: an owner steps aside at once for one that listens, and waits
-                    // (2 s at most) for one that holds the lock while it starts, so the
-                    // starts are paced by the owners, and bounded by the deadline.
+                    // time. An owner steps aside at once for one that listens, and waits
+                    // (2 s at most) for one that holds the lock while it starts; an owner
+                    // that keeps dying before it is ready is started again after this loop's
+                    // 20 ms sleep. All of it ends at the deadline.
                     starts += 1;
                     let ready = start_owner(paths, settings, program, memfd)?;
                     if ready && starts == 1 {
