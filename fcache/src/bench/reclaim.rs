@@ -263,6 +263,7 @@ fn hot_scan(budget: u64, policy: ReclaimPolicy, placed: bool, seed: u64) -> Resu
     let misses = hot_backend.pages_served.load(Ordering::Relaxed) - served_before;
     let rss_delta = rss.growth();
     let ra = scan.readahead_stats();
+    let stats = cache.stats();
     Ok(Run {
         hit_ratio: 1.0 - misses as f64 / hot_reads as f64,
         rss_delta,
@@ -276,8 +277,8 @@ fn hot_scan(budget: u64, policy: ReclaimPolicy, placed: bool, seed: u64) -> Resu
             ra.folios,
             ra.order_fallbacks,
             ra.out_of_memory,
-            cache.stats().free_pages,
-            cache.stats().total_pages,
+            stats.free_pages,
+            stats.total_pages,
         )),
     })
 }
