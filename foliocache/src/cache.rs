@@ -603,7 +603,8 @@ pub struct Stats {
     /// Bytes of index nodes (every mapping's), allocated and not yet freed.
     pub index_node_bytes: u64,
     /// Arena pages set aside (and discarded) to pay for the index nodes; 0 when the cache was
-    /// sized with [`CacheBuilder::arena_pages`], which does not charge nodes.
+    /// sized with [`CacheBuilder::arena_pages`], which does not charge nodes. In a shared
+    /// cache, the arena pages that hold its index nodes or are kept aside for them.
     pub index_reserve_pages: u64,
     /// The largest folio order.
     pub max_order: u8,

@@ -76,6 +76,12 @@ impl Inject {
 /// writer lock), `insert` (a folio prepared for an index, not yet in it), `writeback` (folios
 /// under writeback, before their writes go out), `records` (holding the file table's lock),
 /// `takeover` (a new owner, halfway through taking over a dead one's mapping).
+///
+/// The same points can pause instead: with `FOLIOCACHE_PAUSE_AT=POINT:MARKER` the owner
+/// thread that reaches `POINT` first removes `MARKER` and waits until the test writes it
+/// again, 20 s at most (once per process): how a test makes something happen while the owner stands
+/// at a point. One more point serves this: `claim` (a thread slot's claim checked, its staging
+/// folio not yet given).
 pub(crate) mod kill {
     use std::path::PathBuf;
     use std::sync::OnceLock;
@@ -83,17 +89,26 @@ pub(crate) mod kill {
 
     static ARMED: AtomicBool = AtomicBool::new(false);
     static AT: OnceLock<(String, PathBuf)> = OnceLock::new();
+    static PAUSE_AT: OnceLock<(String, PathBuf)> = OnceLock::new();
+    /// The pause point was reached once (it pauses once per process).
+    static PAUSED: AtomicBool = AtomicBool::new(false);
 
-    /// Arms the point named by `FOLIOCACHE_KILL_AT` (an owner calls this when it starts).
+    /// Arms the points named by `FOLIOCACHE_KILL_AT` and `FOLIOCACHE_PAUSE_AT` (an owner calls
+    /// this when it starts).
     pub(crate) fn arm_kill_points_from_env() {
-        let Some(value) = std::env::var_os("FOLIOCACHE_KILL_AT") else {
-            return;
-        };
-        let value = value.to_string_lossy().into_owned();
-        if let Some((point, marker)) = value.split_once(':')
-            && AT.set((point.to_owned(), PathBuf::from(marker))).is_ok()
-        {
-            ARMED.store(true, Ordering::Relaxed);
+        for (variable, at) in [
+            ("FOLIOCACHE_KILL_AT", &AT),
+            ("FOLIOCACHE_PAUSE_AT", &PAUSE_AT),
+        ] {
+            let Some(value) = std::env::var_os(variable) else {
+                continue;
+            };
+            let value = value.to_string_lossy().into_owned();
+            if let Some((point, marker)) = value.split_once(':')
+                && at.set((point.to_owned(), PathBuf::from(marker))).is_ok()
+            {
+                ARMED.store(true, Ordering::Relaxed);
+            }
         }
     }
 
@@ -116,6 +131,16 @@ pub(crate) mod kill {
                 rustix::process::Signal::KILL,
             );
             // The signal is not blocked: nothing runs after it.
+        }
+        if let Some((point, marker)) = PAUSE_AT.get()
+            && point == name
+            && !PAUSED.swap(true, Ordering::Relaxed)
+            && std::fs::remove_file(marker).is_ok()
+        {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while !marker.exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
         }
     }
 }

@@ -42,7 +42,7 @@ struct Model {
 
 impl Model {
     fn create(path: &Path) -> Self {
-        let len = (2 * PAGES as usize + SLOTS + 1 + 3 * SLOTS * TAIL_PAGES as usize) * 8;
+        let len = (2 * PAGES as usize + SLOTS + 2 + 3 * SLOTS * TAIL_PAGES as usize) * 8;
         std::fs::write(path, vec![0u8; len]).unwrap();
         Self::open(path)
     }
@@ -89,11 +89,27 @@ impl Model {
         &self.words[2 * PAGES as usize + SLOTS]
     }
 
+    /// Workers that panicked: counted by their panic hook before anything else, so a worker
+    /// the test kills while it unwinds is counted too.
+    fn failures(&self) -> &AtomicU64 {
+        &self.words[2 * PAGES as usize + SLOTS + 1]
+    }
+
     /// The tail files' words: per slot and page, the last event started, the last that
     /// returned, and the last truncation started.
     fn tail(&self, slot: usize, page: u64, which: usize) -> &AtomicU64 {
-        let base = 2 * PAGES as usize + SLOTS + 1;
+        let base = 2 * PAGES as usize + SLOTS + 2;
         &self.words[base + (slot * TAIL_PAGES as usize + page as usize) * 3 + which]
+    }
+
+    /// Makes a panic in this process count in [`Self::failures`] first.
+    fn count_panics(&self) {
+        let model = Self { words: self.words };
+        let report = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            model.failures().fetch_add(1, Ordering::AcqRel);
+            report(info);
+        }));
     }
 }
 
@@ -288,6 +304,7 @@ fn worker() {
         _ => EngineKind::IoUring,
     };
     let model = Model::open(&dir.join("model"));
+    model.count_panics();
     let cache = Cache::builder()
         .capacity(32 << 20)
         .policy(Policy {
@@ -460,6 +477,18 @@ fn child_entry() -> bool {
             held_writer();
             true
         }
+        Some("returning") => {
+            returning_writer();
+            true
+        }
+        Some("visitor") => {
+            visitor();
+            true
+        }
+        Some("second-claimer") => {
+            second_claimer();
+            true
+        }
         Some("forker") => {
             forker();
             true
@@ -586,6 +615,48 @@ fn join_all(mut children: Vec<Child>, limit: Duration) {
     }
 }
 
+/// What a failing test says about its processes: the workers' panics counted in `model`, each
+/// child's state (where its threads wait in the kernel, if it runs), and the end of the
+/// owners' log.
+fn diagnosis(setup: &Setup, model: &Model, children: &mut [Child]) -> String {
+    let mut out = format!(
+        "{} worker panic(s) counted\n",
+        model.failures().load(Ordering::Acquire)
+    );
+    for (i, child) in children.iter_mut().enumerate() {
+        let pid = child.id();
+        match child.try_wait() {
+            Ok(Some(status)) => out.push_str(&format!("worker {i} (pid {pid}): ended, {status}\n")),
+            _ => {
+                let waits: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .map(|task| {
+                        let wchan =
+                            std::fs::read_to_string(task.path().join("wchan")).unwrap_or_default();
+                        format!("{}:{wchan}", task.file_name().to_string_lossy())
+                    })
+                    .collect();
+                out.push_str(&format!(
+                    "worker {i} (pid {pid}): running, threads in {}\n",
+                    waits.join(" ")
+                ));
+            }
+        }
+    }
+    out.push_str(&format!("owner pid now: {:?}\n", owner_pid(setup)));
+    let log = setup.dir.join("rt").join(format!("{}.log", setup.name));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    out.push_str(&format!("{} (last 40 lines):\n", log.display()));
+    for line in &lines[lines.len().saturating_sub(40)..] {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// Children that are killed if the test fails before it joins them.
 struct Running(Vec<Child>);
 
@@ -648,6 +719,12 @@ fn kill_storm() {
                 .wrapping_add(1442695040888963407);
             std::thread::sleep(Duration::from_millis(5 + (rng >> 33) % 40));
             let slot = (rng >> 20) as usize % workers;
+            // A worker may panic and then be killed before it exits: its panic hook counted it.
+            if model.failures().load(Ordering::Acquire) > 0 {
+                let said = diagnosis(&setup, &model, &mut children);
+                kill_all(&mut children);
+                panic!("a worker panicked (see its output above)\n{said}");
+            }
             let child = &mut children[slot];
             if let Some(status) = child.try_wait().unwrap() {
                 kill_all(&mut children);
@@ -667,25 +744,40 @@ fn kill_storm() {
             .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
             .sum();
         model.stop().store(1, Ordering::Release);
+        let pids: Vec<u32> = children.iter().map(Child::id).collect();
         join_all(children, Duration::from_secs(30));
+        assert_eq!(
+            model.failures().load(Ordering::Acquire),
+            0,
+            "a worker panicked before it was killed (see its output above)"
+        );
         setup.admin(CacheCommand::Sync).expect("sync");
         setup.check_storage();
+        // Nothing the killed processes held stays held.
+        for pid in pids {
+            wait_detached(&setup, pid);
+        }
+        assert_all_free(&setup);
         println!("{refcount:?} {engine:?}: {kills} kills, {beats} operations, storage matches");
         assert!(beats > 0, "the workers made no progress");
     }
+}
+
+/// Whether the owner no longer lists `pid` among the attached processes.
+fn detached(setup: &Setup, pid: u32) -> bool {
+    let status = setup.admin(CacheCommand::Status).unwrap_or_default();
+    !status
+        .split("\"processes\":[")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .is_some_and(|list| list.split(',').any(|p| p == pid.to_string()))
 }
 
 /// Waits until the owner no longer lists `pid` among the attached processes.
 fn wait_detached(setup: &Setup, pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let status = setup.admin(CacheCommand::Status).unwrap_or_default();
-        let listed = status
-            .split("\"processes\":[")
-            .nth(1)
-            .and_then(|rest| rest.split(']').next())
-            .is_some_and(|list| list.split(',').any(|p| p == pid.to_string()));
-        if !listed {
+        if detached(setup, pid) {
             return;
         }
         assert!(
@@ -1380,6 +1472,258 @@ fn a_new_owner_keeps_clean_pages() {
     assert!(status.success(), "the reader failed: {status}");
 }
 
+/// After a takeover every process comes back to the new owner in its own time, and until it
+/// does, the claim words of its thread slots name the process slot it had. A process that
+/// attaches first must not be given that slot: its detach would free the other's thread slot
+/// (its staging folio gone while its thread still uses it: the next write failed with "the
+/// thread's staging folio lies outside the arena"). Process A writes, the owner is killed,
+/// process B attaches (starting the next owner) and leaves, then A writes and reads again.
+#[test]
+fn a_process_coming_back_after_a_takeover_keeps_its_slot() {
+    if child_entry() {
+        return;
+    }
+    let test = "a_process_coming_back_after_a_takeover_keeps_its_slot";
+    let setup = Setup::new("return", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let mut running = Running(vec![setup.spawn(test, "returning", 0, 1)]);
+    let ready = setup.dir.join("ready");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < deadline && running.0[0].try_wait().unwrap().is_none(),
+            "the first process never wrote"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = owner_pid(&setup).expect("an owner runs");
+    // SAFETY: a plain kill(2) of the owner process this test's child started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !exited(pid) {
+        assert!(Instant::now() < deadline, "the owner did not die");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut visitor = setup.spawn(test, "visitor", 1, 2);
+    let visitor_pid = visitor.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = visitor.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            kill_all(std::slice::from_mut(&mut visitor));
+            panic!("the second process hung");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(status.success(), "the second process failed: {status}");
+    // The new owner has let the second process go (its detach is done).
+    wait_detached(&setup, visitor_pid);
+    std::fs::write(setup.dir.join("go"), "").unwrap();
+    let returning = running.0[0].id();
+    join_all(std::mem::take(&mut running.0), Duration::from_secs(30));
+    wait_detached(&setup, returning);
+    assert_all_free(&setup);
+}
+
+/// A process killed while the owner claims a thread slot for it: the owner stands paused at
+/// the claim (`FOLIOCACHE_PAUSE_AT=claim`, after the slot's claim word was checked) while the
+/// process dies, is found dead, and another process attaches and claims a slot. The paused
+/// claim must not give the slot (freed, and perhaps claimed again by then) a second staging
+/// folio and server: the second process writes and reads its page throughout, and once every
+/// process has left and the cache is synced and dropped, every page of the arena is free
+/// (a staging folio given twice would be lost for good).
+#[test]
+fn a_claim_for_a_process_that_died_meanwhile_gives_nothing_twice() {
+    if child_entry() {
+        return;
+    }
+    let test = "a_claim_for_a_process_that_died_meanwhile_gives_nothing_twice";
+    let setup = Setup::new(
+        "claim-death",
+        RefcountPolicy::FrozenBit,
+        EngineKind::Threads,
+    );
+    let marker = setup.dir.join("pause-marker");
+    std::fs::write(&marker, "claim").unwrap();
+    let mut first = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("FOLIOCACHE_CHILD", "returning")
+        .env("FOLIOCACHE_PAUSE_AT", format!("claim:{}", marker.display()))
+        .envs(setup.env())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while marker.exists() {
+        if Instant::now() > deadline {
+            kill_all(std::slice::from_mut(&mut first));
+            panic!("the owner never reached the claim");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let first_pid = first.id();
+    kill_all(std::slice::from_mut(&mut first));
+    // The owner may find the first process dead and free its slots now (it did before the
+    // claim held the slot), or only once the claim is done.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline && !detached(&setup, first_pid) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut running = Running(vec![setup.spawn(test, "second-claimer", 1, 2)]);
+    // Its first write claims a slot (the dead process's, if it is free by now); an owner that
+    // waits for the claim to finish lets it in only after the claim goes on.
+    let claimed = setup.dir.join("claimed");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && !claimed.exists() {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::fs::write(&marker, "claim").unwrap();
+    wait_detached(&setup, first_pid);
+    std::fs::write(setup.dir.join("go"), "").unwrap();
+    let second_pid = running.0[0].id();
+    join_all(std::mem::take(&mut running.0), Duration::from_secs(30));
+    wait_detached(&setup, second_pid);
+    assert_all_free(&setup);
+}
+
+/// Syncs and drops the cache, then checks that every page of the arena is free but those of
+/// the index nodes (no process is attached: nothing else may hold a page), waiting 3 s at
+/// most for the owner to finish freeing what the last process held (its idle timeout, 5 s,
+/// stops it later).
+fn assert_all_free(setup: &Setup) {
+    setup.admin(CacheCommand::Sync).expect("sync");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        setup.admin(CacheCommand::Drop).expect("drop");
+        let status = setup.admin(CacheCommand::Status).expect("status");
+        let field = |name: &str| -> u64 {
+            status
+                .split(&format!("\"{name}\":"))
+                .nth(1)
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("no {name} in {status}"))
+        };
+        let (free, nodes, total) = (
+            field("free_pages"),
+            field("index_reserve_pages"),
+            field("total_pages"),
+        );
+        if free + nodes == total {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} pages are held beyond the index nodes' with no process attached and nothing \
+             cached: {status}",
+            total.saturating_sub(free + nodes)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The second process of `a_claim_for_a_process_that_died_meanwhile_gives_nothing_twice`.
+fn second_claimer() {
+    let (dir, cache) = attach_child();
+    let file = cache
+        .open_with(dir.join("data"), OpenOptions::new().write(true))
+        .expect("open");
+    let mut handle = file.handle();
+    handle.write_at(&page_of(1, 2), 2 * PAGE).expect("write");
+    std::fs::write(dir.join("claimed"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.join("go").exists() {
+        assert!(Instant::now() < deadline, "never told to go on");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut got = vec![0u8; PAGE as usize];
+    for seq in 2..40 {
+        handle.write_at(&page_of(seq, 2), 2 * PAGE).expect("write");
+        assert_eq!(handle.read_at(&mut got, 2 * PAGE).expect("read"), got.len());
+        assert!(got == page_of(seq, 2), "write {seq} did not read back");
+    }
+}
+
+/// Once every process has left and the cache is synced and dropped, every page of the arena
+/// but the index nodes' is free: a process's staging folio goes back with its thread slot,
+/// and the pages it read or wrote with the drop.
+#[test]
+fn a_cache_no_process_holds_frees_every_page() {
+    if child_entry() {
+        return;
+    }
+    let test = "a_cache_no_process_holds_frees_every_page";
+    let setup = Setup::new("all-free", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    std::fs::write(setup.dir.join("go"), "").unwrap();
+    for role in ["visitor", "second-claimer"] {
+        let mut child = setup.spawn(test, role, 0, 1);
+        let pid = child.id();
+        assert!(child.wait().unwrap().success(), "the {role} process failed");
+        wait_detached(&setup, pid);
+    }
+    assert_all_free(&setup);
+}
+
+/// A page of words `word(seq, page)`.
+fn page_of(seq: u64, page: u64) -> Vec<u8> {
+    (0..PAGE / 8)
+        .flat_map(|_| word(seq, page).to_le_bytes())
+        .collect()
+}
+
+/// Attaches a child of a test to the test's cache.
+fn attach_child() -> (PathBuf, Cache) {
+    let dir = PathBuf::from(std::env::var("FC_DIR").unwrap());
+    let name = std::env::var("FC_NAME").unwrap();
+    let cache = Cache::builder()
+        .capacity(32 << 20)
+        .io_engine(EngineKind::Threads)
+        .idle_timeout(Duration::from_secs(5))
+        .shared(name)
+        .owner_program(env!("CARGO_BIN_EXE_foliocache-owner"))
+        .build()
+        .expect("attach");
+    (dir, cache)
+}
+
+/// Process A of `a_process_coming_back_after_a_takeover_keeps_its_slot`.
+fn returning_writer() {
+    let (dir, cache) = attach_child();
+    let file = cache
+        .open_with(dir.join("data"), OpenOptions::new().write(true))
+        .expect("open");
+    let mut handle = file.handle();
+    handle.write_at(&page_of(1, 0), 0).expect("the first write");
+    std::fs::write(dir.join("ready"), "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !dir.join("go").exists() {
+        assert!(Instant::now() < deadline, "never told to go on");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    handle
+        .write_at(&page_of(2, 0), 0)
+        .expect("a write after another process came and went");
+    let mut got = vec![0u8; PAGE as usize];
+    assert_eq!(handle.read_at(&mut got, 0).expect("read"), got.len());
+    assert!(
+        got == page_of(2, 0),
+        "the page read is not the page written"
+    );
+}
+
+/// Process B of `a_process_coming_back_after_a_takeover_keeps_its_slot`: attaches (starting
+/// the next owner), reads a page, and leaves.
+fn visitor() {
+    let (dir, cache) = attach_child();
+    let file = cache.open(dir.join("data")).expect("open");
+    let mut got = vec![0u8; PAGE as usize];
+    assert_eq!(
+        file.handle().read_at(&mut got, PAGE).expect("read"),
+        got.len()
+    );
+    assert!(got == page_of(0, 1), "page 1 is not as the test wrote it");
+}
+
 /// The owner killed at named points (`foliocache::inject`'s kill points: between a lookup's
 /// reference and its put, with folios under writeback, holding the file table's lock, halfway
 /// through a takeover) while workers read and write under the model: the point must be
@@ -1478,10 +1822,17 @@ fn kill_owner_at(points: &[&str], test: &str) {
         let after_kill = beats();
         let deadline = Instant::now() + Duration::from_secs(20);
         while beats() < after_kill + 200 {
-            assert!(
-                Instant::now() < deadline,
-                "{point}: the workers stopped after the owner died there"
-            );
+            if Instant::now() > deadline || model.failures().load(Ordering::Acquire) > 0 {
+                let said = diagnosis(&setup, &model, &mut running.0);
+                if let Some(secs) = std::env::var("FC_HANG_WAIT")
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                {
+                    eprintln!("{said}");
+                    std::thread::sleep(Duration::from_secs(secs));
+                }
+                panic!("{point}: the workers stopped after the owner died there\n{said}");
+            }
             std::thread::sleep(Duration::from_millis(5));
         }
         model.stop().store(1, Ordering::Release);

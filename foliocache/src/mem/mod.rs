@@ -410,8 +410,13 @@ impl Memory {
             .store(have, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Pages set aside for index nodes.
+    /// Pages set aside for index nodes: in a shared cache, the arena pages that hold its nodes
+    /// or are kept aside for them.
     pub(crate) fn index_reserve_pages(&self) -> usize {
+        #[cfg(not(loom))]
+        if let Some((_, nodes)) = &self.shared {
+            return nodes.held_pages();
+        }
         self.reserve
             .count
             .load(std::sync::atomic::Ordering::Relaxed)

@@ -120,6 +120,12 @@ impl ArenaNodes {
 
 #[cfg(not(loom))]
 impl ArenaNodes {
+    /// Arena pages taken for nodes: holding nodes, or kept aside.
+    pub(crate) fn held_pages(&self) -> usize {
+        let pages = self.pages.lock();
+        pages.free.len() + pages.spare.len()
+    }
+
     /// Sets free pages aside for nodes, up to [`SPARE_PAGES`] (before a folio allocation,
     /// see `NodePages::spare`).
     pub(crate) fn top_up(&self) {

@@ -18,6 +18,7 @@
 use super::{Owner, Served, log};
 use crate::error::Error;
 use crate::mem::epoch;
+use crate::mem::shared::ProcessSlot;
 use crate::shared::mailbox::{CLAIMED, FREE};
 use crate::shared::runtime;
 use crate::shared::wire::{self, Conn, Msg, file_op, kind};
@@ -104,7 +105,16 @@ impl Owner {
         }
     }
 
-    /// A client's hello: `[protocol, pid, start time, memfd number]`; gives it a process slot.
+    /// A client's hello: `[protocol, pid, start time, memfd number, previous slot]`; gives it
+    /// a process slot.
+    ///
+    /// After a takeover every process slot is free (`state` 0) but keeps its process's pid and
+    /// start time, and the claim words of a live process's thread slots still name its old
+    /// slot until that process comes back and stamps them again. So a process coming back
+    /// (`previous`, checked against its pid and start time) gets its old slot, and no other
+    /// process is given a slot whose process is still alive: given to another, a detach of
+    /// that one would free the returning process's thread slots (their staging folios gone
+    /// while its threads still use them), and a takeover would judge them by the wrong pid.
     fn hello(&self, msg: &Msg) -> Result<u32, String> {
         if msg.word(0).ok() != Some(wire::PROTOCOL) {
             return Err("the client speaks another protocol (another foliocache build)".into());
@@ -112,18 +122,35 @@ impl Owner {
         let pid = msg.word(1).map_err(|e| e.to_string())? as u32;
         let start = msg.word(2).map_err(|e| e.to_string())?;
         let memfd = msg.word(3).unwrap_or(u64::MAX);
+        let previous = msg.word(4).unwrap_or(u64::MAX);
         // Attaches and detaches of process slots one at a time (see `detach`).
         let _attaching = self
             .attach_lock
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let slots = self.map.processes();
-        let slot = slots
-            .iter()
-            .position(|p| {
-                p.state
-                    .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
+        let take = |p: &ProcessSlot| {
+            p.state
+                .compare_exchange(0, 2, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        };
+        let own = usize::try_from(previous).ok().filter(|&i| {
+            slots.get(i).is_some_and(|p| {
+                p.pid.load(Ordering::Acquire) == pid
+                    && p.start.load(Ordering::Acquire) == start
+                    && take(p)
+            })
+        });
+        let slot = own
+            .or_else(|| {
+                slots.iter().position(|p| {
+                    p.state.load(Ordering::Acquire) == 0
+                        && !runtime::alive(
+                            p.pid.load(Ordering::Acquire),
+                            p.start.load(Ordering::Acquire),
+                        )
+                        && take(p)
+                })
             })
             .ok_or_else(|| format!("all {} process slots are in use", slots.len()))?;
         let p = &slots[slot];
@@ -205,8 +232,12 @@ impl Owner {
         epoch::collect();
     }
 
-    /// Stops a thread slot's server, frees its staging folio and clears the slot.
+    /// Stops a thread slot's server, frees its staging folio and clears the slot (after a claim
+    /// of it in progress has finished: `slot_locks`).
     fn free_thread_slot(&self, slot: u32) {
+        let _slot = self.slot_locks[slot as usize]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         self.stop_server(slot);
         let t = &self.map.threads()[slot as usize];
         let pfn = t.staging.swap(u32::MAX, Ordering::AcqRel);
@@ -285,6 +316,13 @@ impl Owner {
         let Some(t) = self.map.threads().get(slot as usize) else {
             return bad("no such thread slot");
         };
+        // The check holds until the claim is done: a free of the slot (the process found
+        // dead meanwhile) waits for it, and then frees what it gave. Without the lock, a free
+        // could come between the check and the rest, and this claim would then give the slot,
+        // claimed since by another process, a second staging folio and server.
+        let _slot = self.slot_locks[slot as usize]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if t.claim.load(Ordering::Acquire) != CLAIMED | p {
             return bad("a claim of a slot this process did not take");
         }
@@ -299,6 +337,7 @@ impl Owner {
                 .unwrap_or_else(PoisonError::into_inner)
                 .contains_key(&(slot as u32));
         if !keep {
+            crate::inject::kill::point("claim");
             match local.alloc_staging(self.staging_order) {
                 Ok((pfn, order)) => {
                     t.staging_order.store(u32::from(order), Ordering::Relaxed);
@@ -439,6 +478,11 @@ impl Owner {
                     dropped += report.dropped_pages;
                     kept += report.busy_pages;
                 }
+                // The dropped pages are free once no reader can still see them: a status
+                // after the drop counts them free.
+                if let Some(local) = self.cache.local() {
+                    local.memory().drain_caches();
+                }
                 Msg::new(kind::OK, &[dropped, kept])
             }
             kind::SYNC => match self.sync_all() {
@@ -485,7 +529,8 @@ impl Owner {
         let mut out = String::from("{");
         out.push_str(&format!(
             "\"name\":{:?},\"owner_pid\":{},\"owner_generation\":{},\"mapping_bytes\":{},\
-             \"page_size\":{},\"total_pages\":{},\"free_pages\":{},\"dirty_pages\":{},\
+             \"page_size\":{},\"total_pages\":{},\"free_pages\":{},\"pending_free_pages\":{},\
+             \"index_reserve_pages\":{},\"placed_unused_pages\":{},\"dirty_pages\":{},\
              \"writeback_pages\":{},\"shmem_huge_pages\":{:?},\"huge_page_bytes\":{},\
              \"outside_writers\":{:?},",
             self.name,
@@ -495,6 +540,9 @@ impl Owner {
             crate::mem::PAGE_SIZE,
             stats.total_pages,
             stats.free_pages,
+            stats.pending_free_pages,
+            stats.index_reserve_pages,
+            stats.placed_unused_pages,
             stats.dirty.dirty_pages,
             stats.dirty.writeback_pages,
             super::shmem_huge_pages(),

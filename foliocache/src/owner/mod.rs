@@ -172,6 +172,11 @@ pub(crate) struct Owner {
     files: Mutex<HashMap<usize, Served>>,
     /// The server thread of each claimed thread slot.
     servers: Mutex<HashMap<u32, serve::Server>>,
+    /// Per thread slot: held while the slot is claimed (its staging folio and server given)
+    /// or freed, so a claim that checked the slot's claim word finishes before a free of the
+    /// slot starts, and a free finishes before another claim of it is checked
+    /// (`control::claim`, `control::free_thread_slot`).
+    slot_locks: Box<[Mutex<()>]>,
     /// Attached processes (connections that said hello).
     clients: AtomicUsize,
     /// Held while a process slot is given out or freed (`control::detach`).
@@ -473,6 +478,7 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
             }
         }
     };
+    let slot_locks = (0..map.threads().len()).map(|_| Mutex::new(())).collect();
     let owner = Arc::new(Owner {
         name: name.to_owned(),
         paths: paths.clone(),
@@ -480,6 +486,7 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         cache,
         files: Mutex::new(HashMap::new()),
         servers: Mutex::new(HashMap::new()),
+        slot_locks,
         clients: AtomicUsize::new(0),
         attach_lock: Mutex::new(()),
         idle_since: Mutex::new(Some(Instant::now())),

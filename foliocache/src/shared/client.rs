@@ -96,7 +96,7 @@ impl Attachment {
     ) -> Result<Arc<Self>, Error> {
         let paths = Paths::of(name)?;
         let (conn, welcome, memfd) =
-            connect_or_start(&paths, &settings, owner_program.as_deref(), None)?;
+            connect_or_start(&paths, &settings, owner_program.as_deref(), None, None)?;
         let memfd = memfd.ok_or_else(|| shared_error(name, "the owner sent no mapping"))?;
         // Where this process holds the mapping: a new owner started by a process that holds
         // none finds it here (`NAME.clients`), if this owner dies before this process makes
@@ -243,6 +243,7 @@ impl Attachment {
             &self.settings,
             self.owner_program.as_deref(),
             Some(self.map.fd()),
+            Some(self.process_slot.load(Ordering::Acquire)),
         )
         .map_err(Reattach::Failed)?;
         if let Some(memfd) = memfd {
@@ -1315,12 +1316,14 @@ fn entry_order(entry: Option<Entry>) -> u8 {
 }
 
 /// Connects to the owner of `paths`' cache, starting one if none answers: the hello and its
-/// welcome, and the memfd the owner sends.
+/// welcome, and the memfd the owner sends. `previous`: the process slot this attachment held
+/// under an owner that died (a reattach), which the new owner gives back to it.
 fn connect_or_start(
     paths: &Paths,
     settings: &[u64; SETTINGS_WORDS],
     program: Option<&Path>,
     memfd: Option<&OwnedFd>,
+    previous: Option<u32>,
 ) -> Result<(Conn, Msg, Option<OwnedFd>), Error> {
     let name = &paths.name;
     let deadline = Instant::now() + runtime::START_TIMEOUT;
@@ -1337,6 +1340,9 @@ fn connect_or_start(
                         u64::from(pid),
                         runtime::start_time(pid).unwrap_or(0),
                         memfd.map_or(u64::MAX, |fd| fd.as_raw_fd() as u64),
+                        // The process slot this attachment had under a dead owner: its thread
+                        // slots' claim words still name it (see `Control::hello`).
+                        previous.map_or(u64::MAX, u64::from),
                     ],
                 );
                 match conn.call(&hello, None) {
