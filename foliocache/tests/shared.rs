@@ -763,9 +763,12 @@ fn kill_storm() {
     }
 }
 
-/// Whether the owner no longer lists `pid` among the attached processes.
+/// Whether the owner no longer lists `pid` among the attached processes (false while no owner
+/// answers).
 fn detached(setup: &Setup, pid: u32) -> bool {
-    let status = setup.admin(CacheCommand::Status).unwrap_or_default();
+    let Ok(status) = setup.admin(CacheCommand::Status) else {
+        return false;
+    };
     !status
         .split("\"processes\":[")
         .nth(1)
@@ -1505,17 +1508,7 @@ fn a_process_coming_back_after_a_takeover_keeps_its_slot() {
     }
     let mut visitor = setup.spawn(test, "visitor", 1, 2);
     let visitor_pid = visitor.id();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = visitor.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            kill_all(std::slice::from_mut(&mut visitor));
-            panic!("the second process hung");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    let status = wait_child(&mut visitor, Duration::from_secs(30));
     assert!(status.success(), "the second process failed: {status}");
     // The new owner has let the second process go (its detach is done).
     wait_detached(&setup, visitor_pid);
@@ -1563,15 +1556,13 @@ fn a_claim_for_a_process_that_died_meanwhile_gives_nothing_twice() {
     }
     let first_pid = first.id();
     kill_all(std::slice::from_mut(&mut first));
-    // The owner may find the first process dead and free its slots now (it did before the
-    // claim held the slot), or only once the claim is done.
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < deadline && !detached(&setup, first_pid) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // The owner finds the dead process at its next tick (200 ms) and frees its thread slot,
+    // once the claim is done: before the fix, at once. No status is asked meanwhile (the
+    // owner's main loop, which answers it, waits for the claim now).
+    std::thread::sleep(Duration::from_millis(600));
     let mut running = Running(vec![setup.spawn(test, "second-claimer", 1, 2)]);
-    // Its first write claims a slot (the dead process's, if it is free by now); an owner that
-    // waits for the claim to finish lets it in only after the claim goes on.
+    // Its first write claims a slot: before the fix, the dead process's (freed, the lowest
+    // free one); now it can attach only once the claim goes on.
     let claimed = setup.dir.join("claimed");
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline && !claimed.exists() {
@@ -1658,10 +1649,64 @@ fn a_cache_no_process_holds_frees_every_page() {
     for role in ["visitor", "second-claimer"] {
         let mut child = setup.spawn(test, role, 0, 1);
         let pid = child.id();
-        assert!(child.wait().unwrap().success(), "the {role} process failed");
+        let status = wait_child(&mut child, Duration::from_secs(30));
+        assert!(status.success(), "the {role} process failed: {status}");
         wait_detached(&setup, pid);
     }
     assert_all_free(&setup);
+}
+
+/// A process that dies after a takeover, before it comes back to the new owner, leaves
+/// nothing held: the takeover kept its thread slot (staging folio, server) for it, and the
+/// owner frees it once it finds the process dead. Process A writes, the owner is killed,
+/// process B attaches (starting the next owner) and leaves, A is killed.
+#[test]
+fn a_process_that_dies_before_it_comes_back_leaves_nothing_held() {
+    if child_entry() {
+        return;
+    }
+    let test = "a_process_that_dies_before_it_comes_back_leaves_nothing_held";
+    let setup = Setup::new("never-back", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let mut running = Running(vec![setup.spawn(test, "returning", 0, 1)]);
+    let ready = setup.dir.join("ready");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(
+            Instant::now() < deadline && running.0[0].try_wait().unwrap().is_none(),
+            "the first process never wrote"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = owner_pid(&setup).expect("an owner runs");
+    // SAFETY: a plain kill(2) of the owner process this test's child started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !exited(pid) {
+        assert!(Instant::now() < deadline, "the owner did not die");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut visitor = setup.spawn(test, "visitor", 1, 2);
+    let visitor_pid = visitor.id();
+    let status = wait_child(&mut visitor, Duration::from_secs(30));
+    assert!(status.success(), "the second process failed: {status}");
+    wait_detached(&setup, visitor_pid);
+    kill_all(&mut running.0);
+    assert_all_free(&setup);
+}
+
+/// Waits for `child` to exit, `limit` at most (then kills it and fails).
+fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            kill_all(std::slice::from_mut(child));
+            panic!("a child process hung (still running after {limit:?})");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// A page of words `word(seq, page)`.

@@ -196,7 +196,7 @@ impl Owner {
             }
             for (i, t) in self.map.threads().iter().enumerate() {
                 if t.claim.load(Ordering::Acquire) == CLAIMED | p {
-                    self.free_thread_slot(i as u32);
+                    self.free_thread_slot(i as u32, CLAIMED | p);
                 }
             }
             // Its opens go with it (its files may be retired once idle).
@@ -232,14 +232,19 @@ impl Owner {
         epoch::collect();
     }
 
-    /// Stops a thread slot's server, frees its staging folio and clears the slot (after a claim
-    /// of it in progress has finished: `slot_locks`).
-    fn free_thread_slot(&self, slot: u32) {
+    /// Stops a thread slot's server, frees its staging folio and clears the slot, if its claim
+    /// word is still `claim`: checked under the slot's lock (`slot_locks`), so after a claim of
+    /// it in progress has finished, since a check made before the lock may be stale (the slot
+    /// freed and claimed by another process meanwhile). Whether it freed the slot.
+    fn free_thread_slot(&self, slot: u32, claim: u32) -> bool {
         let _slot = self.slot_locks[slot as usize]
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        self.stop_server(slot);
         let t = &self.map.threads()[slot as usize];
+        if t.claim.load(Ordering::Acquire) != claim {
+            return false;
+        }
+        self.stop_server(slot);
         let pfn = t.staging.swap(u32::MAX, Ordering::AcqRel);
         if pfn != u32::MAX
             && let Some(local) = self.cache.local()
@@ -249,21 +254,66 @@ impl Owner {
         t.pin.store(0, Ordering::Release);
         t.state.store(FREE, Ordering::Release);
         t.claim.store(0, Ordering::Release);
+        true
     }
 
     /// Processes whose pid died while their connection stayed open (a child forked without
-    /// exec holds it): detached as if it had closed.
+    /// exec holds it): detached as if it had closed. And processes a takeover found attached
+    /// that died before they came back to this owner (their process slot free, its pid kept:
+    /// `hello`): the thread slots the takeover kept for them are freed.
     pub(super) fn reap_dead(&self) {
         for (i, p) in self.map.processes().iter().enumerate() {
-            if p.state.load(Ordering::Acquire) == 1 {
-                let pid = p.pid.load(Ordering::Acquire);
+            let state = p.state.load(Ordering::Acquire);
+            let pid = p.pid.load(Ordering::Acquire);
+            if state == 1 || (state == 0 && pid != 0) {
                 let start = p.start.load(Ordering::Acquire);
                 if !runtime::alive(pid, start) {
-                    log(&self.name, &format!("process {pid} died attached"));
-                    self.detach(i as u32, pid, start);
+                    if state == 1 {
+                        log(&self.name, &format!("process {pid} died attached"));
+                        self.detach(i as u32, pid, start);
+                    } else {
+                        self.forget_left(i as u32, pid, start);
+                    }
                 }
             }
         }
+    }
+
+    /// Process slot `p`, left by a takeover for process `pid` (started at `start`), which died
+    /// before it came back: its thread slots are freed and the slot forgotten (under
+    /// `attach_lock`, checked again: a hello may have given the slot out since).
+    fn forget_left(&self, p: u32, pid: u32, start: u64) {
+        let Some(slot) = self.map.processes().get(p as usize) else {
+            return;
+        };
+        let _attaching = self
+            .attach_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.state.load(Ordering::Acquire) != 0
+            || slot.pid.load(Ordering::Acquire) != pid
+            || slot.start.load(Ordering::Acquire) != start
+        {
+            return;
+        }
+        let mut freed = 0;
+        for (i, t) in self.map.threads().iter().enumerate() {
+            if t.claim.load(Ordering::Acquire) == CLAIMED | p
+                && self.free_thread_slot(i as u32, CLAIMED | p)
+            {
+                freed += 1;
+            }
+        }
+        slot.pid.store(0, Ordering::Relaxed);
+        slot.start.store(0, Ordering::Relaxed);
+        slot.memfd.store(u32::MAX, Ordering::Relaxed);
+        log(
+            &self.name,
+            &format!(
+                "process {pid} died before it came back after the takeover: {freed} thread \
+                 slots freed"
+            ),
+        );
     }
 
     /// A request from an attached process `p`.
@@ -290,8 +340,7 @@ impl Owner {
             kind::RELEASE => {
                 let slot = msg.word(0).unwrap_or(u64::MAX);
                 match self.map.threads().get(slot as usize) {
-                    Some(t) if t.claim.load(Ordering::Acquire) == CLAIMED | p => {
-                        self.free_thread_slot(slot as u32);
+                    Some(_) if self.free_thread_slot(slot as u32, CLAIMED | p) => {
                         Msg::new(kind::OK, &[])
                     }
                     _ => bad("a release of a slot this process does not hold"),
