@@ -1488,30 +1488,7 @@ fn a_process_coming_back_after_a_takeover_keeps_its_slot() {
     }
     let test = "a_process_coming_back_after_a_takeover_keeps_its_slot";
     let setup = Setup::new("return", RefcountPolicy::FrozenBit, EngineKind::Threads);
-    let mut running = Running(vec![setup.spawn(test, "returning", 0, 1)]);
-    let ready = setup.dir.join("ready");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ready.exists() {
-        assert!(
-            Instant::now() < deadline && running.0[0].try_wait().unwrap().is_none(),
-            "the first process never wrote"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let pid = owner_pid(&setup).expect("an owner runs");
-    // SAFETY: a plain kill(2) of the owner process this test's child started.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !exited(pid) {
-        assert!(Instant::now() < deadline, "the owner did not die");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let mut visitor = setup.spawn(test, "visitor", 1, 2);
-    let visitor_pid = visitor.id();
-    let status = wait_child(&mut visitor, Duration::from_secs(30));
-    assert!(status.success(), "the second process failed: {status}");
-    // The new owner has let the second process go (its detach is done).
-    wait_detached(&setup, visitor_pid);
+    let mut running = another_attaches_after_a_takeover(&setup, test);
     std::fs::write(setup.dir.join("go"), "").unwrap();
     let returning = running.0[0].id();
     join_all(std::mem::take(&mut running.0), Duration::from_secs(30));
@@ -1519,13 +1496,13 @@ fn a_process_coming_back_after_a_takeover_keeps_its_slot() {
     assert_all_free(&setup);
 }
 
-/// A process killed while the owner claims a thread slot for it: the owner stands paused at
-/// the claim (`FOLIOCACHE_PAUSE_AT=claim`, after the slot's claim word was checked) while the
-/// process dies, is found dead, and another process attaches and claims a slot. The paused
-/// claim must not give the slot (freed, and perhaps claimed again by then) a second staging
-/// folio and server: the second process writes and reads its page throughout, and once every
-/// process has left and the cache is synced and dropped, every page of the arena is free
-/// (a staging folio given twice would be lost for good).
+/// A process killed while the owner claims a thread slot for it: the owner stands paused in
+/// the claim (`FOLIOCACHE_PAUSE_AT=claim`: the claim word checked, the slot found without a
+/// staging folio, none given yet) while the process dies, and another process then attaches
+/// and claims a slot. The paused claim must not give the slot (freed, and perhaps claimed
+/// again by then) a second staging folio and server: the second process writes and reads its
+/// page, and once every process has left and the cache is synced and dropped, every page of
+/// the arena but the index nodes' is free (a staging folio given twice is lost for good).
 #[test]
 fn a_claim_for_a_process_that_died_meanwhile_gives_nothing_twice() {
     if child_entry() {
@@ -1667,6 +1644,14 @@ fn a_process_that_dies_before_it_comes_back_leaves_nothing_held() {
     }
     let test = "a_process_that_dies_before_it_comes_back_leaves_nothing_held";
     let setup = Setup::new("never-back", RefcountPolicy::FrozenBit, EngineKind::Threads);
+    let mut running = another_attaches_after_a_takeover(&setup, test);
+    kill_all(&mut running.0);
+    assert_all_free(&setup);
+}
+
+/// Process A (`returning`) writes, the owner is killed, process B (`visitor`) attaches,
+/// starting the next owner, and leaves (its detach done): A, still running, waiting for `go`.
+fn another_attaches_after_a_takeover(setup: &Setup, test: &str) -> Running {
     let mut running = Running(vec![setup.spawn(test, "returning", 0, 1)]);
     let ready = setup.dir.join("ready");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -1677,7 +1662,7 @@ fn a_process_that_dies_before_it_comes_back_leaves_nothing_held() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let pid = owner_pid(&setup).expect("an owner runs");
+    let pid = owner_pid(setup).expect("an owner runs");
     // SAFETY: a plain kill(2) of the owner process this test's child started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1689,9 +1674,8 @@ fn a_process_that_dies_before_it_comes_back_leaves_nothing_held() {
     let visitor_pid = visitor.id();
     let status = wait_child(&mut visitor, Duration::from_secs(30));
     assert!(status.success(), "the second process failed: {status}");
-    wait_detached(&setup, visitor_pid);
-    kill_all(&mut running.0);
-    assert_all_free(&setup);
+    wait_detached(setup, visitor_pid);
+    running
 }
 
 /// Waits for `child` to exit, `limit` at most (then kills it and fails).
