@@ -79,9 +79,9 @@ impl Inject {
 ///
 /// The same points can pause instead: with `FOLIOCACHE_PAUSE_AT=POINT:MARKER` the owner
 /// thread that reaches `POINT` first removes `MARKER` and waits until the test writes it
-/// again, 20 s at most (once per process): how a test makes something happen while the owner stands
-/// at a point. One more point serves this: `claim` (a thread slot's claim checked, its staging
-/// folio not yet given).
+/// again, 20 s at most (once per process): how a test makes something happen while the owner
+/// stands at a point. One more point serves this: `claim` (a thread slot's claim checked, the
+/// slot found without a staging folio, none given yet).
 pub(crate) mod kill {
     use std::path::PathBuf;
     use std::sync::OnceLock;

@@ -36,6 +36,13 @@ fn refuse(error: &Error) -> Msg {
     Msg::with_text(kind::ERROR, &[errno.max(0) as u64], error.to_string())
 }
 
+/// Clears what a process slot says of its process (its state is the caller's).
+fn forget_process(slot: &ProcessSlot) {
+    slot.pid.store(0, Ordering::Relaxed);
+    slot.start.store(0, Ordering::Relaxed);
+    slot.memfd.store(u32::MAX, Ordering::Relaxed);
+}
+
 fn bad(text: &str) -> Msg {
     Msg::with_text(kind::ERROR, &[libc::EINVAL as u64], text)
 }
@@ -194,11 +201,7 @@ impl Owner {
             {
                 return;
             }
-            for (i, t) in self.map.threads().iter().enumerate() {
-                if t.claim.load(Ordering::Acquire) == CLAIMED | p {
-                    self.free_thread_slot(i as u32, CLAIMED | p);
-                }
-            }
+            self.free_thread_slots_of(p);
             // Its opens go with it (its files may be retired once idle).
             for served in self
                 .files
@@ -208,9 +211,7 @@ impl Owner {
             {
                 served.opens.remove(&p);
             }
-            slot.pid.store(0, Ordering::Relaxed);
-            slot.start.store(0, Ordering::Relaxed);
-            slot.memfd.store(u32::MAX, Ordering::Relaxed);
+            forget_process(slot);
             slot.state.store(0, Ordering::Release);
         }
         self.write_clients_file();
@@ -230,6 +231,18 @@ impl Owner {
         }
         // A grace period may have waited on the dead pins.
         epoch::collect();
+    }
+
+    /// Frees every thread slot process slot `p` holds; how many.
+    fn free_thread_slots_of(&self, p: u32) -> usize {
+        let claim = CLAIMED | p;
+        (0..self.map.threads().len() as u32)
+            .filter(|&i| {
+                // A look before the slot's lock, which `free_thread_slot` takes to check again.
+                self.map.threads()[i as usize].claim.load(Ordering::Acquire) == claim
+                    && self.free_thread_slot(i, claim)
+            })
+            .count()
     }
 
     /// Stops a thread slot's server, frees its staging folio and clears the slot, if its claim
@@ -296,17 +309,8 @@ impl Owner {
         {
             return;
         }
-        let mut freed = 0;
-        for (i, t) in self.map.threads().iter().enumerate() {
-            if t.claim.load(Ordering::Acquire) == CLAIMED | p
-                && self.free_thread_slot(i as u32, CLAIMED | p)
-            {
-                freed += 1;
-            }
-        }
-        slot.pid.store(0, Ordering::Relaxed);
-        slot.start.store(0, Ordering::Relaxed);
-        slot.memfd.store(u32::MAX, Ordering::Relaxed);
+        let freed = self.free_thread_slots_of(p);
+        forget_process(slot);
         log(
             &self.name,
             &format!(
