@@ -235,15 +235,46 @@ const HEADERS: [&str; 8] = [
 /// The widest a figure's name is shown on the terminal (the files keep it whole).
 const FIGURE_WIDTH: usize = 44;
 
-fn cells(row: &Row) -> [String; 8] {
+/// `name` in at most [`FIGURE_WIDTH`] characters: a longer one loses its middle, so that both
+/// what is measured (its start) and of which system or against what (its end) stay.
+fn shortened(name: &str) -> String {
+    let count = name.chars().count();
+    if count <= FIGURE_WIDTH {
+        return name.to_owned();
+    }
+    let head = (FIGURE_WIDTH - 1) / 2;
+    let tail = FIGURE_WIDTH - 1 - head;
+    let start: String = name.chars().take(head).collect();
+    let end: String = name.chars().skip(count - tail).collect();
+    format!("{start}…{end}")
+}
+
+/// The name each row is shown with: [`shortened`], unless two different names would then read
+/// the same, in which case those rows keep their whole names.
+fn shown_names(rows: &[Row]) -> Vec<String> {
+    let short: Vec<String> = rows.iter().map(|r| shortened(&r.figure)).collect();
+    rows.iter()
+        .zip(&short)
+        .map(|(row, name)| {
+            let clash = rows
+                .iter()
+                .zip(&short)
+                .any(|(other, theirs)| theirs == name && other.figure != row.figure);
+            if clash {
+                row.figure.clone()
+            } else {
+                name.clone()
+            }
+        })
+        .collect()
+}
+
+fn cells(row: &Row, name: &str) -> [String; 8] {
     let dash = || "–".to_string();
     let goal = row.goal.as_ref().map_or_else(dash, |g| {
         format!("{} {}", g.text, if g.met { "✓" } else { "✗" })
     });
-    let mut figure = row.figure.clone();
-    if figure.chars().count() > FIGURE_WIDTH {
-        figure = figure.chars().take(FIGURE_WIDTH - 1).collect::<String>() + "…";
-    }
+    let mut figure = name.to_owned();
     if row.busy {
         figure.push_str(" ⚠");
     }
@@ -262,7 +293,8 @@ fn cells(row: &Row) -> [String; 8] {
 /// The summary as aligned text for a terminal (or plain when piped).
 pub(crate) fn render(rows: &[Row], style: Style) -> String {
     let mut out = String::new();
-    let table: Vec<[String; 8]> = rows.iter().map(cells).collect();
+    let names = shown_names(rows);
+    let table: Vec<[String; 8]> = rows.iter().zip(&names).map(|(r, n)| cells(r, n)).collect();
     let mut widths = HEADERS.map(|h| h.chars().count());
     for cells in &table {
         for (w, c) in widths.iter_mut().zip(cells) {
@@ -333,11 +365,7 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
     let _ = writeln!(out, "| {} |", HEADERS.join(" | "));
     let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---|");
     for row in rows {
-        let mut c = cells(row);
-        c[1].clone_from(&row.figure);
-        if row.busy {
-            c[1].push_str(" ⚠");
-        }
+        let c = cells(row, &row.figure);
         let _ = writeln!(out, "| {} |", c.join(" | "));
     }
     out
@@ -423,5 +451,30 @@ mod tests {
         assert!(md.contains(&"x".repeat(80)));
         assert_eq!(md.lines().count(), 2 + long.len());
         assert!(render(&long, Style { colour: false }).contains('…'));
+    }
+
+    /// A long name loses its middle, not its end; two long names that would then read the
+    /// same are shown whole.
+    #[test]
+    fn long_names_stay_apart() {
+        let start = "db_bench readrandom/warm-in-process, private";
+        let name = format!("{start}: of the pread limit");
+        let short = shortened(&name);
+        assert_eq!(short.chars().count(), FIGURE_WIDTH);
+        assert!(short.starts_with("db_bench readrandom/") && short.ends_with("of the pread limit"));
+        assert_eq!(shortened("short"), "short");
+
+        let mut two = rows();
+        two[0].figure = format!("{start} one long middle part: of the pread limit");
+        two[1].figure = format!("{start} another middle part: of the pread limit");
+        let text = render(&two, Style { colour: false });
+        assert!(text.contains(&two[0].figure) && text.contains(&two[1].figure));
+        let mut apart = rows();
+        apart[0].figure = name.clone();
+        apart[1].figure = format!("{start}, placed: of the pread limit");
+        let text = render(&apart, Style { colour: false });
+        assert!(text.contains(&short));
+        assert!(text.contains(&shortened(&apart[1].figure)));
+        assert_ne!(short, shortened(&apart[1].figure));
     }
 }
