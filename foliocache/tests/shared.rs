@@ -813,7 +813,7 @@ fn owner_killed_while_processes_read_and_write() {
         let setup = Setup::new("owner", refcount, engine);
         let workers = 3;
         let model = Model::open(&setup.dir.join("model"));
-        let children: Vec<Child> = (0..workers)
+        let mut children: Vec<Child> = (0..workers)
             .map(|slot| {
                 setup.spawn(
                     "owner_killed_while_processes_read_and_write",
@@ -835,25 +835,33 @@ fn owner_killed_while_processes_read_and_write() {
                 kills += 1;
             }
         }
-        let before = (0..workers)
-            .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
-            .sum::<u64>();
-        std::thread::sleep(Duration::from_millis(300));
-        let after = (0..workers)
-            .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
-            .sum::<u64>();
+        // Work goes on after the last death, once a new owner has started: a bounded wait
+        // (a loaded machine may take a while to start one), not a fixed window.
+        let beats = || {
+            (0..workers)
+                .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let before = beats();
+        let last_kill = Instant::now();
+        let deadline = last_kill + Duration::from_secs(20);
+        while beats() <= before {
+            if Instant::now() > deadline || model.failures().load(Ordering::Acquire) > 0 {
+                let said = diagnosis(&setup, &model, &mut children);
+                panic!("the workers stopped making progress after the owner's deaths\n{said}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let resumed = last_kill.elapsed();
+        let after = beats();
         model.stop().store(1, Ordering::Release);
         join_all(children, Duration::from_secs(30));
         setup.admin(CacheCommand::Sync).expect("sync");
         setup.check_storage();
         println!(
-            "{refcount:?} {engine:?}: owner killed {kills} times ({} owners), {after} operations, \
-             storage matches",
+            "{refcount:?} {engine:?}: owner killed {kills} times ({} owners), {after} operations \
+             (going on {resumed:?} after the last kill), storage matches",
             owners.len()
-        );
-        assert!(
-            after > before,
-            "the workers stopped making progress after the owner's deaths"
         );
         assert!(kills > 0);
     }
