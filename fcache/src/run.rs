@@ -40,7 +40,7 @@ pub(crate) struct RunArgs {
 }
 
 /// Where the preload library is: `explicit`, else `$FOLIOCACHE_PRELOAD`, else next to the
-/// running binary (cargo puts both in target/<profile>/). When it is not there and this
+/// running binary (cargo puts both in `target/<profile>/`). When it is not there and this
 /// fcache runs from the checkout it was built in, it is built first (one line says so).
 pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
     let automatic = explicit.is_none() && std::env::var_os("FOLIOCACHE_PRELOAD").is_none();
@@ -72,7 +72,7 @@ pub(crate) fn find_preload(explicit: Option<&Path>) -> Result<PathBuf, String> {
     }
 }
 
-/// Builds `wanted` (a file cargo puts in target/<profile>/ of the checkout this fcache was
+/// Builds `wanted` (a file cargo puts in `target/<profile>/` of the checkout this fcache was
 /// built from, with `cargo build PACKAGE_ARGS`), if this fcache runs from there and cargo is
 /// at hand; a failure leaves it missing (the caller says what to do).
 pub(crate) fn build_in_checkout(wanted: &Path, package_args: &[&str]) {

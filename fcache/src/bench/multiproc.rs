@@ -77,7 +77,7 @@ struct Sizes {
     random_pages: u64,
 }
 
-/// Where the owner program is: next to this fcache (cargo builds both into target/<profile>/),
+/// Where the owner program is: next to this fcache (cargo builds both into `target/<profile>/`),
 /// built there first when this fcache runs from its checkout, or `$FOLIOCACHE_OWNER`.
 pub(crate) fn prerequisites() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("FOLIOCACHE_OWNER").filter(|p| !p.is_empty()) {
