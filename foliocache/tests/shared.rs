@@ -85,6 +85,13 @@ impl Model {
         &self.words[2 * PAGES as usize + slot]
     }
 
+    /// The operations workers `0..workers` have done, together.
+    fn beats(&self, workers: usize) -> u64 {
+        (0..workers)
+            .map(|s| self.heartbeat(s).load(Ordering::Relaxed))
+            .sum()
+    }
+
     fn stop(&self) -> &AtomicU64 {
         &self.words[2 * PAGES as usize + SLOTS]
     }
@@ -615,6 +622,36 @@ fn join_all(mut children: Vec<Child>, limit: Duration) {
     }
 }
 
+/// Waits up to 20 s for `children`'s work to reach `target` operations together and returns
+/// how long it took; fails with `what` and the [`diagnosis`] if it does not, or if a worker
+/// panics meanwhile. With `FC_HANG_WAIT=SECS` the diagnosis is printed and the processes are
+/// left as they are for that long first (to look at them).
+fn await_beats(
+    setup: &Setup,
+    model: &Model,
+    children: &mut [Child],
+    target: u64,
+    what: &str,
+) -> Duration {
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(20);
+    while model.beats(children.len()) < target {
+        if Instant::now() > deadline || model.failures().load(Ordering::Acquire) > 0 {
+            let said = diagnosis(setup, model, children);
+            if let Some(secs) = std::env::var("FC_HANG_WAIT")
+                .ok()
+                .and_then(|s| s.parse().ok())
+            {
+                eprintln!("{said}");
+                std::thread::sleep(Duration::from_secs(secs));
+            }
+            panic!("{what}\n{said}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    start.elapsed()
+}
+
 /// What a failing test says about its processes: the workers' panics counted in `model`, each
 /// child's state (where its threads wait in the kernel, if it runs), and the end of the
 /// owners' log.
@@ -740,9 +777,7 @@ fn kill_storm() {
             wait_detached(&setup, pid);
             children[slot] = setup.spawn("kill_storm", "worker", slot, workers);
         }
-        let beats: u64 = (0..workers)
-            .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
-            .sum();
+        let beats = model.beats(workers);
         model.stop().store(1, Ordering::Release);
         let pids: Vec<u32> = children.iter().map(Child::id).collect();
         join_all(children, Duration::from_secs(30));
@@ -837,23 +872,14 @@ fn owner_killed_while_processes_read_and_write() {
         }
         // Work goes on after the last death, once a new owner has started: a bounded wait
         // (a loaded machine may take a while to start one), not a fixed window.
-        let beats = || {
-            (0..workers)
-                .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
-                .sum::<u64>()
-        };
-        let before = beats();
-        let last_kill = Instant::now();
-        let deadline = last_kill + Duration::from_secs(20);
-        while beats() <= before {
-            if Instant::now() > deadline || model.failures().load(Ordering::Acquire) > 0 {
-                let said = diagnosis(&setup, &model, &mut children);
-                panic!("the workers stopped making progress after the owner's deaths\n{said}");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let resumed = last_kill.elapsed();
-        let after = beats();
+        let resumed = await_beats(
+            &setup,
+            &model,
+            &mut children,
+            model.beats(workers) + 1,
+            "the workers stopped making progress after the owner's deaths",
+        );
+        let after = model.beats(workers);
         model.stop().store(1, Ordering::Release);
         join_all(children, Duration::from_secs(30));
         setup.admin(CacheCommand::Sync).expect("sync");
@@ -1833,14 +1859,9 @@ fn kill_owner_at(points: &[&str], test: &str) {
             .collect();
         let mut running = Running(children);
         let deadline = Instant::now() + Duration::from_secs(20);
-        let beats = || {
-            (0..workers)
-                .map(|s| model.heartbeat(s).load(Ordering::Relaxed))
-                .sum::<u64>()
-        };
         // A takeover needs a dead owner first: kill the first one once the workers run.
         if point == "takeover" {
-            while beats() < 50 {
+            while model.beats(workers) < 50 {
                 assert!(Instant::now() < deadline, "the workers made no progress");
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -1856,22 +1877,14 @@ fn kill_owner_at(points: &[&str], test: &str) {
             std::thread::sleep(Duration::from_millis(5));
         }
         // Work goes on after the death.
-        let after_kill = beats();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while beats() < after_kill + 200 {
-            if Instant::now() > deadline || model.failures().load(Ordering::Acquire) > 0 {
-                let said = diagnosis(&setup, &model, &mut running.0);
-                if let Some(secs) = std::env::var("FC_HANG_WAIT")
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                {
-                    eprintln!("{said}");
-                    std::thread::sleep(Duration::from_secs(secs));
-                }
-                panic!("{point}: the workers stopped after the owner died there\n{said}");
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        let after_kill = model.beats(workers);
+        await_beats(
+            &setup,
+            &model,
+            &mut running.0,
+            after_kill + 200,
+            &format!("{point}: the workers stopped after the owner died there"),
+        );
         model.stop().store(1, Ordering::Release);
         join_all(std::mem::take(&mut running.0), Duration::from_secs(30));
         setup.admin(CacheCommand::Sync).expect("sync");
