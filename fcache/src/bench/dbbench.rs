@@ -11,6 +11,9 @@
 //!   what the first one left (the kernel's page cache, the shared cache). `warm-in-process`:
 //!   from cold, one db_bench process with two passes (`--benchmarks=X,X`), the second being the
 //!   figure; a private cache lives in its process, so this is the only way it is warm.
+//!   readrandom reads 50,000 keys per thread in a cold or warm run, and 400,000 in each
+//!   warm-in-process pass, so that the figure's pass lasts two seconds or more on 2 vCPUs
+//!   (200,000 and 800,000 with `--full`).
 //! * Systems: `kernel` (db_bench as it is); `private` and `shared` (db_bench with
 //!   `libfoliocache_preload.so` serving the database directory, on a cache of its own
 //!   (`FOLIOCACHE_SHARED=off`) or on a shared cache the suite makes for itself and ends at
@@ -76,8 +79,13 @@ struct Sizes {
     /// Keys in the database.
     num: u64,
     value_bytes: u64,
-    /// Reads per thread for readrandom (readseq reads every key per thread).
+    /// Reads per thread for readrandom's single-pass runs, cold and warm (readseq reads every
+    /// key per thread).
     random_reads: u64,
+    /// Reads per thread in each pass of readrandom's warm-in-process run: enough for its
+    /// second pass, the figure, to last seconds (a quarter-second pass spreads with the
+    /// host's noise more than the differences it is there to show).
+    in_process_reads: u64,
     /// RocksDB's block cache (small: the database is several times larger).
     block_cache: u64,
     threads: u32,
@@ -594,13 +602,13 @@ struct Samples {
 /// The measuring body: one workload, each repetition running every system in turn (forward on
 /// even repetitions, backward on odd ones) after a wait for an idle machine. A system's turn
 /// runs its cases in order (cold, warm, warm-in-process), each one db_bench process under the
-/// idle guard. Every run must find what the first did, whichever system it ran through.
-/// Counts the database pages that stayed resident after each drop, and keeps each system's
+/// idle guard, with the arguments `run_args[case]`. Every run must find what the first with as
+/// many passes did, whichever system it ran through. Counts the database pages that stayed resident after each drop, and keeps each system's
 /// counters of its last run in `counters`.
 fn measure_workload(
     bench: &Bench<'_>,
     workload: &str,
-    run_args: &[String],
+    run_args: &[Vec<String>; 3],
     systems: &[Box<dyn System + '_>],
     resident_after_drop: &mut u64,
     counters: &mut serde_json::Map<String, serde_json::Value>,
@@ -634,7 +642,7 @@ fn measure_workload(
                 warm_guest_memory(bench.db_bytes as usize + (32 << 20));
                 settle();
                 let passes = case.passes();
-                let mut this = run_args.to_vec();
+                let mut this = run_args[case.index()].clone();
                 this.push(format!("--benchmarks={}", vec![workload; passes].join(",")));
                 system.before_run();
                 this.extend(system.args().iter().map(|a| (*a).to_owned()));
@@ -793,6 +801,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             num: 1_000_000,
             value_bytes: 1024,
             random_reads: 200_000,
+            in_process_reads: 800_000,
             block_cache: 8 << 20,
             threads,
         }
@@ -801,6 +810,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             num: 100_000,
             value_bytes: 1024,
             random_reads: 50_000,
+            in_process_reads: 400_000,
             block_cache: 8 << 20,
             threads,
         }
@@ -870,6 +880,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
             "block_cache_bytes": sizes.block_cache,
             "threads": sizes.threads,
             "readrandom_reads_per_thread": sizes.random_reads,
+            "readrandom_in_process_reads_per_thread_per_pass": sizes.in_process_reads,
             "readseq_reads_per_thread": sizes.num,
             "reps": reps,
             "foliocache_capacity_mb": capacity_mb,
@@ -925,14 +936,23 @@ pub(crate) fn run(args: &BenchArgs) -> Result<Report, String> {
     let mut plot_groups = Vec::new();
     let mut outcomes = serde_json::Map::new();
     for workload in WORKLOADS {
-        let mut run_args = common.clone();
-        run_args.extend([
-            "--use_existing_db=1".to_owned(),
-            format!("--threads={}", sizes.threads),
-        ]);
-        if workload == "readrandom" {
-            run_args.push(format!("--reads={}", sizes.random_reads));
-        }
+        // Each case's arguments: readrandom's warm-in-process passes are longer.
+        let run_args = CASES.map(|case| {
+            let mut args = common.clone();
+            args.extend([
+                "--use_existing_db=1".to_owned(),
+                format!("--threads={}", sizes.threads),
+            ]);
+            if workload == "readrandom" {
+                let reads = if case == Case::InProcess {
+                    sizes.in_process_reads
+                } else {
+                    sizes.random_reads
+                };
+                args.push(format!("--reads={reads}"));
+            }
+            args
+        });
         let samples = measure_workload(
             &bench,
             workload,
