@@ -335,7 +335,7 @@ impl Index {
         }
     }
 
-    /// The entry covering `index`, if any (one lockless walk: [`Index::find`], so the index's
+    /// The entry covering `index`, if any (one lockless walk: `Index::find`, so the index's
     /// model tests check the small read's lookup too).
     pub fn load(&self, index: u64) -> Option<Entry> {
         let pin = pin();
