@@ -62,6 +62,15 @@ pub(crate) const PER_PAGE: usize = super::PAGE_SIZE / NODE_ROOM;
 #[cfg(not(loom))]
 const ALL_FREE: u8 = (1u8 << PER_PAGE) - 1;
 
+/// The nodes of arena page `pfn` that may be handed out: all of them, except the first of page
+/// 0. Its offset, 0, is an index slot's empty word (`index::node::is_node`), so it can name no
+/// node: handed out, the writer that took it found "a word outside the space" and panicked
+/// with the change half made (a kill storm on a small arena, where page 0 became a node page).
+#[cfg(not(loom))]
+fn usable(pfn: u32) -> u8 {
+    if pfn == 0 { ALL_FREE & !1 } else { ALL_FREE }
+}
+
 /// The index nodes of a shared cache: room carved from arena pages taken from the allocator,
 /// seven nodes to a page. Only the owner allocates and frees; a page goes back to the
 /// allocator when its last node is freed (after the node's grace period, so no reader of any
@@ -174,9 +183,11 @@ impl NodeSpace for ArenaNodes {
         self.map.table()[pfn as usize]
             .mapping
             .store(NODE_PAGE, std::sync::atomic::Ordering::Release);
-        pages.free.insert(pfn, ALL_FREE & !1);
+        let usable = usable(pfn);
+        let slot = usable.trailing_zeros() as usize;
+        pages.free.insert(pfn, usable & !(1 << slot));
         pages.partial.push(pfn);
-        Some(pfn as usize * super::PAGE_SIZE)
+        Some(pfn as usize * super::PAGE_SIZE + slot * NODE_ROOM)
     }
 
     fn free(&self, offset: usize) {
@@ -189,7 +200,12 @@ impl NodeSpace for ArenaNodes {
             debug_assert!(false, "free of node {offset:#x} on a page holding no nodes");
             return;
         };
-        if !within.is_multiple_of(NODE_ROOM) || slot >= PER_PAGE || *free & (1 << slot) != 0 {
+        let usable = usable(pfn);
+        if !within.is_multiple_of(NODE_ROOM)
+            || slot >= PER_PAGE
+            || usable & (1 << slot) == 0
+            || *free & (1 << slot) != 0
+        {
             debug_assert!(false, "bad or double free of node {offset:#x}");
             return;
         }
@@ -197,12 +213,71 @@ impl NodeSpace for ArenaNodes {
             pages.partial.push(pfn);
         }
         *free |= 1 << slot;
-        if *free == ALL_FREE {
+        if *free == usable {
             pages.free.remove(&pfn);
             self.map.table()[pfn as usize]
                 .mapping
                 .store(0, std::sync::atomic::Ordering::Release);
             self.buddy.free(pfn, 0);
         }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::mem::buddy::Buddy;
+    use crate::mem::refcount::RefcountPolicy;
+    use crate::mem::shared::{SETTINGS_WORDS, Shape, SharedMap};
+    use std::sync::Arc;
+
+    /// Every node room of every arena page is handed out, page 0's included, and none has
+    /// offset 0 (which names no node); freed again, every page goes back to the allocator.
+    #[test]
+    fn no_node_is_handed_out_at_offset_zero() {
+        let shape = Shape {
+            pages: 16,
+            processes: 2,
+            threads: 2,
+            files: 2,
+        };
+        let map = Arc::new(
+            SharedMap::create(
+                "nodes",
+                shape,
+                [0; SETTINGS_WORDS],
+                [3; 16],
+                RefcountPolicy::FrozenBit,
+                false,
+            )
+            .expect("create"),
+        );
+        let pages = map.arena().1;
+        let buddy = Arc::new(Buddy::new(pages, 0).expect("buddy"));
+        let nodes = ArenaNodes::new(Arc::clone(&map), Arc::clone(&buddy));
+        let mut taken = Vec::new();
+        while let Some(offset) = nodes.alloc() {
+            taken.push(offset);
+        }
+        assert_eq!(buddy.free_pages(), 0);
+        assert_eq!(
+            taken.len(),
+            pages * PER_PAGE - 1,
+            "page 0 gives one node less"
+        );
+        assert!(taken.iter().all(|&o| o != 0), "a node at offset 0");
+        assert!(
+            taken.iter().any(|&o| o < super::super::PAGE_SIZE),
+            "page 0 held no node"
+        );
+        let mut sorted = taken.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), taken.len(), "a node handed out twice");
+        for offset in taken {
+            nodes.free(offset);
+        }
+        assert_eq!(buddy.free_pages(), pages);
+        assert_eq!(nodes.held_pages(), 0);
     }
 }
