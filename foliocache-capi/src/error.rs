@@ -44,6 +44,7 @@ pub fn errno_of(error: &foliocache::Error) -> i32 {
     let os = |source: &std::io::Error| source.raw_os_error().unwrap_or(libc::EIO);
     match error {
         E::InvalidCapacity(_)
+        | E::SharedCapacityTooSmall { .. }
         | E::OrderTooLarge { .. }
         | E::Misaligned { .. }
         | E::IndexOverflow { .. }

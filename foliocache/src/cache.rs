@@ -259,8 +259,10 @@ impl CacheBuilder {
         self
     }
 
-    /// Builds the cache. Errors: a capacity that is zero, not a page multiple or above 16 TiB;
-    /// a max order above 9; the arena mapping failing.
+    /// Builds the cache. Errors: a capacity that is zero, not a page multiple or above 16 TiB,
+    /// or (a shared cache) below what its mapping's fixed part and 512 pages take
+    /// ([`Error::SharedCapacityTooSmall`] names the floor); a max order above 9; the arena
+    /// mapping failing.
     pub fn build(self) -> Result<Cache, Error> {
         let checked = self.check()?;
         // The epochs choose their barrier now, before this cache starts threads of its own:
@@ -269,6 +271,8 @@ impl CacheBuilder {
         let _ = crate::mem::epoch::barrier();
         #[cfg(not(loom))]
         if let Some(name) = &self.shared {
+            // Refused here, with the floor named, rather than by the owner this may start.
+            self.shared_shape()?;
             let settings = self.shared_settings(&checked)?;
             let attachment = crate::shared::client::Attachment::attach(
                 name,
@@ -524,16 +528,19 @@ impl CacheBuilder {
         };
         let guess = checked.capacity / per_page;
         shape.files = ((guess / 64) as usize).clamp(128, 16384);
-        let fixed = shape.bytes()?;
         // The arena's 2 MiB alignment and the table's rounding: a little slack.
-        let room = checked
-            .capacity
-            .checked_sub(fixed + (4 << 20))
-            .ok_or(Error::InvalidCapacity(checked.capacity))?;
-        shape.pages = (room / per_page) as usize;
-        if shape.pages < 64 {
-            return Err(Error::InvalidCapacity(checked.capacity));
+        let fixed = shape.bytes()? + (4 << 20);
+        let pages = checked.capacity.saturating_sub(fixed) / per_page;
+        if pages < MIN_SHARED_PAGES {
+            // The smallest capacity has the fewest file records (`files` is at its floor).
+            let minimum = (fixed + MIN_SHARED_PAGES * per_page).next_multiple_of(PAGE_SIZE as u64);
+            return Err(Error::SharedCapacityTooSmall {
+                capacity: checked.capacity,
+                minimum,
+                fixed,
+            });
         }
+        shape.pages = pages as usize;
         Ok(shape)
     }
 
@@ -576,6 +583,13 @@ const MAX_REQUEST_BYTES: u64 = 64 << 20;
 
 /// The smallest budget [`CacheBuilder::capacity`] accepts.
 const MIN_CAPACITY: u64 = 64 << 10;
+
+/// The fewest arena pages a shared cache runs with (2 MiB; its capacity's floor follows from
+/// it, [`Error::SharedCapacityTooSmall`]). Of a smaller arena the index nodes' spare pages
+/// (32), the staging folios and the dirty pages took so much that with 64 pages four writers
+/// were refused for want of memory (their pages all dirty, nothing clean to evict) within
+/// seconds of a kill storm; with 508 pages none was, in 46 storms.
+const MIN_SHARED_PAGES: u64 = 512;
 
 /// What the budget sets aside for metadata that does not grow with the arena (the allocator's
 /// per-thread caches and free-list heads, the lists' heads, the reserve's own vector).

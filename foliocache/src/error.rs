@@ -12,6 +12,22 @@ pub enum Error {
          at most 16 TiB; got {0} bytes"
     )]
     InvalidCapacity(u64),
+    /// A shared cache's capacity too small for the mapping's fixed part (process and thread
+    /// slots, file records, the arena's alignment) and an arena of 512 pages.
+    #[error(
+        "a shared cache needs a capacity of at least {minimum} bytes ({} MiB): its slots, file \
+         records and alignment take {fixed} bytes before the first page of its arena; got \
+         {capacity} bytes",
+        minimum.div_ceil(1 << 20)
+    )]
+    SharedCapacityTooSmall {
+        /// The capacity given.
+        capacity: u64,
+        /// The smallest a shared cache takes.
+        minimum: u64,
+        /// What the mapping's fixed part and slack take of it.
+        fixed: u64,
+    },
     /// A ratio outside `(0, 1]`.
     #[error("{name} = {ratio} is not in (0, 1]")]
     InvalidRatio {

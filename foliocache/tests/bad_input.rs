@@ -12,6 +12,40 @@ use foliocache::{
 };
 use std::sync::Arc;
 
+/// A shared cache too small for its mapping's fixed part is refused before any owner starts
+/// (so the name's cache is never created), with the floor named. (`tests/shared.rs` runs a
+/// kill storm at the floor.)
+#[test]
+fn a_shared_cache_below_its_floor_names_the_floor() {
+    let err = Cache::builder()
+        .capacity(2 << 20)
+        .shared("fc-bad-input-never-created")
+        .build()
+        .unwrap_err();
+    let Error::SharedCapacityTooSmall {
+        capacity,
+        minimum,
+        fixed,
+    } = err
+    else {
+        panic!("{err}");
+    };
+    assert_eq!(capacity, 2 << 20);
+    assert!(fixed < minimum && minimum > capacity, "{err}");
+    assert_eq!(minimum % 4096, 0);
+    assert!(err.to_string().contains(&minimum.to_string()), "{err}");
+    // One page less than the floor is refused as well.
+    let err = Cache::builder()
+        .capacity(minimum - 4096)
+        .shared("fc-bad-input-never-created")
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::SharedCapacityTooSmall { minimum: m, .. } if m == minimum),
+        "{err}"
+    );
+}
+
 #[test]
 fn settings_out_of_range_are_refused_at_build() {
     let err = Cache::builder()
