@@ -82,6 +82,10 @@ impl Inject {
 /// again, 20 s at most (once per process): how a test makes something happen while the owner
 /// stands at a point. One more point serves this: `claim` (a thread slot's claim checked, the
 /// slot found without a staging folio, none given yet).
+///
+/// A client arms the points whose names start with `client-` ([`arm_client_points_from_env`]):
+/// `client-claimed` (a thread slot's claim word taken in the mapping, the claim not yet sent
+/// to the owner).
 pub(crate) mod kill {
     use std::path::PathBuf;
     use std::sync::OnceLock;
@@ -96,6 +100,17 @@ pub(crate) mod kill {
     /// Arms the points named by `FOLIOCACHE_KILL_AT` and `FOLIOCACHE_PAUSE_AT` (an owner calls
     /// this when it starts).
     pub(crate) fn arm_kill_points_from_env() {
+        arm(|_| true);
+    }
+
+    /// Arms the client's points (`client-…`) named by the same variables: a client calls this
+    /// when it attaches. The owner's points stay the owner's: a client that shares their code
+    /// never dies at one.
+    pub(crate) fn arm_client_points_from_env() {
+        arm(|point| point.starts_with("client-"));
+    }
+
+    fn arm(wanted: impl Fn(&str) -> bool) {
         for (variable, at) in [
             ("FOLIOCACHE_KILL_AT", &AT),
             ("FOLIOCACHE_PAUSE_AT", &PAUSE_AT),
@@ -105,6 +120,7 @@ pub(crate) mod kill {
             };
             let value = value.to_string_lossy().into_owned();
             if let Some((point, marker)) = value.split_once(':')
+                && wanted(point)
                 && at.set((point.to_owned(), PathBuf::from(marker))).is_ok()
             {
                 ARMED.store(true, Ordering::Relaxed);

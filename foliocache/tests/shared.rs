@@ -150,6 +150,9 @@ struct Setup {
     engine: EngineKind,
     /// The owner runs without fanotify (`FOLIOCACHE_NO_FANOTIFY`).
     no_fanotify: bool,
+    /// The capacity the workers ask for (the first one's owner takes it): 32 MiB, or
+    /// [`shared_floor`] for a cache that evicts all the time.
+    capacity: u64,
 }
 
 impl Setup {
@@ -185,6 +188,7 @@ impl Setup {
             refcount,
             engine,
             no_fanotify: false,
+            capacity: 32 << 20,
         }
     }
 
@@ -198,6 +202,7 @@ impl Setup {
             ("FC_NAME".into(), self.name.clone()),
             ("FC_REFCOUNT".into(), format!("{:?}", self.refcount)),
             ("FC_ENGINE".into(), format!("{:?}", self.engine)),
+            ("FC_CAPACITY".into(), self.capacity.to_string()),
         ];
         if self.no_fanotify {
             env.push(("FOLIOCACHE_NO_FANOTIFY".into(), "1".into()));
@@ -312,8 +317,9 @@ fn worker() {
     };
     let model = Model::open(&dir.join("model"));
     model.count_panics();
+    let capacity: u64 = std::env::var("FC_CAPACITY").unwrap().parse().unwrap();
     let cache = Cache::builder()
-        .capacity(32 << 20)
+        .capacity(capacity)
         .policy(Policy {
             refcount,
             ..Policy::default()
@@ -694,6 +700,33 @@ fn diagnosis(setup: &Setup, model: &Model, children: &mut [Child]) -> String {
     out
 }
 
+/// The smallest capacity a shared cache takes, as its refusal of a smaller one names it.
+fn shared_floor() -> u64 {
+    match Cache::builder()
+        .capacity(64 << 10)
+        .shared("fc-floor-never-created")
+        .build()
+    {
+        Err(foliocache::Error::SharedCapacityTooSmall { minimum, .. }) => minimum,
+        other => panic!("a 64 KiB shared cache: {:?}", other.map(drop)),
+    }
+}
+
+/// Fails if a thread of the owner panicked (the owner then ends and a client starts the next
+/// one, which would hide the bug from every other check): the log's lines from the panic on.
+fn assert_owner_never_panicked(setup: &Setup) {
+    let log = setup.dir.join("rt").join(format!("{}.log", setup.name));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    if let Some(at) = text.find("panicked") {
+        let from = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        let excerpt: String = text[from..].lines().take(40).collect::<Vec<_>>().join("\n");
+        panic!(
+            "a thread of the owner panicked ({}):\n{excerpt}",
+            log.display()
+        );
+    }
+}
+
 /// Children that are killed if the test fails before it joins them.
 struct Running(Vec<Child>);
 
@@ -730,6 +763,7 @@ fn processes_see_each_others_writes() {
         join_all(children, Duration::from_secs(30));
         setup.admin(CacheCommand::Sync).expect("sync");
         setup.check_storage();
+        assert_owner_never_panicked(&setup);
         println!("{refcount:?} {engine:?} with {workers} processes: coherent");
     }
 }
@@ -740,8 +774,16 @@ fn kill_storm() {
         return;
     }
     let duration = common::stress_duration().max(Duration::from_secs(1));
-    for (refcount, engine) in combos().into_iter().take(2) {
-        let setup = Setup::new("storm", refcount, engine);
+    // Two storms on a cache far larger than the files, and one on the smallest cache there
+    // is, where every read and write evicts (an index node was once handed out at offset 0
+    // only there: page 0 of the arena became a node page).
+    let storms = combos()
+        .into_iter()
+        .take(3)
+        .zip([32 << 20, 32 << 20, shared_floor()]);
+    for ((refcount, engine), capacity) in storms {
+        let mut setup = Setup::new("storm", refcount, engine);
+        setup.capacity = capacity;
         let workers = 4;
         let model = Model::open(&setup.dir.join("model"));
         let mut children: Vec<Child> = (0..workers)
@@ -792,8 +834,13 @@ fn kill_storm() {
         for pid in pids {
             wait_detached(&setup, pid);
         }
+        assert_owner_never_panicked(&setup);
         assert_all_free(&setup);
-        println!("{refcount:?} {engine:?}: {kills} kills, {beats} operations, storage matches");
+        println!(
+            "{refcount:?} {engine:?}, {} KiB: {kills} kills, {beats} operations, storage \
+             matches",
+            capacity >> 10
+        );
         assert!(beats > 0, "the workers made no progress");
     }
 }
@@ -1585,6 +1632,65 @@ fn a_claim_for_a_process_that_died_meanwhile_gives_nothing_twice() {
     let second_pid = running.0[0].id();
     join_all(std::mem::take(&mut running.0), Duration::from_secs(30));
     wait_detached(&setup, second_pid);
+    assert_all_free(&setup);
+}
+
+/// A process killed after it took a thread slot's claim word in the mapping and before its
+/// claim reached the owner: the owner frees that slot and nothing else, while another process
+/// reads and writes through its own slot. Before, a fresh mapping's slot named staging folio 0
+/// (its word was zero), and freeing the slot freed page 0: the first process's staging folio,
+/// under that process's reads (the likely cause of a kill storm's read that returned another
+/// page's bytes), or, if page 0 was another folio, the owner's check of it panicked.
+#[test]
+fn a_process_killed_before_its_claim_reaches_the_owner_frees_only_its_slot() {
+    if child_entry() {
+        return;
+    }
+    let test = "a_process_killed_before_its_claim_reaches_the_owner_frees_only_its_slot";
+    let setup = Setup::new("claim-unsent", RefcountPolicy::Cas, EngineKind::Threads);
+    let model = Model::open(&setup.dir.join("model"));
+    // The first process: its staging folio is the cache's first allocation.
+    let mut running = Running(vec![setup.spawn(test, "worker", 0, 2)]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while model.beats(1) < 50 {
+        assert!(
+            Instant::now() < deadline,
+            "the first worker made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let marker = setup.dir.join("kill-marker");
+    std::fs::write(&marker, "").unwrap();
+    let mut second = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("FOLIOCACHE_CHILD", "worker")
+        .env("FC_SLOT", "1")
+        .env("FC_WORKERS", "2")
+        .env(
+            "FOLIOCACHE_KILL_AT",
+            format!("client-claimed:{}", marker.display()),
+        )
+        .envs(setup.env())
+        .spawn()
+        .unwrap();
+    let status = second.wait().unwrap();
+    assert!(
+        !marker.exists() && !status.success(),
+        "the second worker did not die at its claim: {status}"
+    );
+    wait_detached(&setup, second.id());
+    // The first goes on reading and writing through its slot for a while, checking each byte.
+    let beats = model.beats(1);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while model.beats(1) < beats + 2000 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    model.stop().store(1, Ordering::Release);
+    let first_pid = running.0[0].id();
+    join_all(std::mem::take(&mut running.0), Duration::from_secs(30));
+    assert_eq!(model.failures().load(Ordering::Acquire), 0);
+    wait_detached(&setup, first_pid);
+    assert_owner_never_panicked(&setup);
     assert_all_free(&setup);
 }
 

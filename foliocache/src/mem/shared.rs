@@ -463,6 +463,10 @@ impl SharedMap {
         for desc in map.table() {
             desc.reset(policy);
         }
+        // No staging folio yet: a zero would name page 0.
+        for t in map.threads() {
+            t.staging.store(u32::MAX, Ordering::Relaxed);
+        }
         rustix::fs::fcntl_add_seals(
             &map.fd,
             SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,

@@ -15,7 +15,7 @@
 //! Clients hold no folio reference and no lock of the owner's: the hit path reads optimistically
 //! (`mem::optimistic`), so a client killed at any instruction leaves no count behind.
 
-use super::{Owner, Served, log};
+use super::{Owner, Served, log, serve};
 use crate::error::Error;
 use crate::mem::epoch;
 use crate::mem::shared::ProcessSlot;
@@ -257,13 +257,15 @@ impl Owner {
         if t.claim.load(Ordering::Acquire) != claim {
             return false;
         }
-        self.stop_server(slot);
-        let pfn = t.staging.swap(u32::MAX, Ordering::AcqRel);
-        if pfn != u32::MAX
-            && let Some(local) = self.cache.local()
-        {
-            local.memory().free_staging(pfn);
+        // The staging folio the owner gave (its server's): the slot's word in the mapping is
+        // the client's to read, and names nothing this owner gave if the claim never got that
+        // far (a fresh mapping's slot said folio 0, and a free then freed page 0, another
+        // slot's staging folio, under that slot's client: the likely cause of a kill storm's
+        // read that returned another page's bytes).
+        if let Some(staging) = self.stop_server(slot) {
+            self.free_staging(staging);
         }
+        t.staging.store(u32::MAX, Ordering::Release);
         t.pin.store(0, Ordering::Release);
         t.state.store(FREE, Ordering::Release);
         t.claim.store(0, Ordering::Release);
@@ -382,23 +384,29 @@ impl Owner {
         let Some(local) = self.cache.local() else {
             return bad("the owner runs no cache");
         };
-        let kept = t.staging.load(Ordering::Acquire);
-        let keep = kept != u32::MAX
-            && self
-                .servers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains_key(&(slot as u32));
-        if !keep {
+        // A slot with a server has its staging folio (a claim made again, or one a takeover
+        // kept): the server owns it.
+        let served = self
+            .servers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(slot as u32))
+            .map(|server| server.staging);
+        if let Some(staging) = served {
+            // Said again, in case the client's words were changed.
+            t.staging_order
+                .store(u32::from(staging.order), Ordering::Relaxed);
+            t.staging.store(staging.pfn, Ordering::Release);
+        } else {
             crate::inject::kill::point("claim");
-            match local.alloc_staging(self.staging_order) {
-                Ok((pfn, order)) => {
-                    t.staging_order.store(u32::from(order), Ordering::Relaxed);
-                    t.staging.store(pfn, Ordering::Release);
-                }
+            let staging = match local.alloc_staging(self.staging_order) {
+                Ok((pfn, order)) => serve::Staging { pfn, order },
                 Err(e) => return refuse(&e),
-            }
-            self.start_server(slot as u32);
+            };
+            t.staging_order
+                .store(u32::from(staging.order), Ordering::Relaxed);
+            t.staging.store(staging.pfn, Ordering::Release);
+            self.start_server(slot as u32, staging);
         }
         Msg::new(kind::OK, &[])
     }

@@ -88,6 +88,7 @@ pub fn main() -> i32 {
         };
     }
     let _ = rustix::process::setsid();
+    end_on_panic(name);
     // The owner holds descriptors of every file it serves (a database has thousands): it
     // takes all the descriptors the system lets it have, and retires idle files when even
     // those run out (`open_path`).
@@ -121,6 +122,28 @@ pub fn main() -> i32 {
             1
         }
     }
+}
+
+/// Makes a panic in any thread of the owner end the owner, after the usual report (the message
+/// and, with `RUST_BACKTRACE`, the backtrace) and a line saying so in the log. Its clients then
+/// start the next owner, which rebuilds every structure from the folio descriptors (a takeover,
+/// docs/SHARED.md, "When a process dies"): the one recovery the kill storms run hundreds of
+/// times. Left to unwind alone, the thread would end and the owner go on without it: a server
+/// thread's client then waited for its answer for ever, and what the thread held stayed held
+/// (a folio locked for a change it never finished, found as a page no status could account
+/// for: an index node handed out at offset 0, `mem::nodes`).
+fn end_on_panic(name: &str) {
+    let name = name.to_owned();
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        log(
+            &name,
+            "a thread of the owner panicked: the owner ends, and the next process to ask \
+             starts a new one (a takeover)",
+        );
+        std::process::abort();
+    }));
 }
 
 /// A line in the owner's log (its standard error, which its starter pointed at `NAME.log`).
@@ -434,8 +457,8 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
         None => builder.build_owner(Arc::clone(&map), None)?,
     };
     if let (Some(free), Some(local)) = (&free, cache.local()) {
-        for &pfn in &free.staging {
-            local.memory().adopt_staging(pfn);
+        for &(_, staging) in &free.claimed {
+            local.memory().adopt_staging(staging.pfn);
         }
     }
     let live = map.live();
@@ -552,8 +575,8 @@ fn run(name: &str, starter: &Conn) -> Result<(), Error> {
     if let Some(free) = &free {
         owner.adopt_clean(&free.adopt);
         // Requests the previous owner left in slots run again, now.
-        for &slot in &free.claimed {
-            owner.start_server(slot);
+        for &(slot, staging) in &free.claimed {
+            owner.start_server(slot, staging);
         }
     }
     let listener = Listener::bind(&paths.sock)
@@ -1001,26 +1024,44 @@ impl Owner {
         }
     }
 
-    fn start_server(self: &Arc<Self>, slot: u32) {
-        let server = serve::Server::start(Arc::clone(self), slot);
-        if let Some(old) = self
+    /// Starts the server of thread slot `slot`, which owns `staging` from now on. Callers start
+    /// one only for a slot that has none (a claim, a takeover's kept slots, under the slot's
+    /// lock or before any client is served).
+    fn start_server(self: &Arc<Self>, slot: u32, staging: serve::Staging) {
+        let server = serve::Server::start(Arc::clone(self), slot, staging);
+        let old = self
             .servers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(slot, server)
-        {
+            .insert(slot, server);
+        if let Some(old) = old {
+            debug_assert!(false, "a second server for thread slot {slot}");
+            let kept = old.staging;
             old.stop();
+            if kept != staging {
+                self.free_staging(kept);
+            }
         }
     }
 
-    fn stop_server(&self, slot: u32) {
+    /// Stops the server of thread slot `slot`, if it has one, after the request it runs; its
+    /// staging folio, which the caller frees.
+    fn stop_server(&self, slot: u32) -> Option<serve::Staging> {
         let server = self
             .servers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&slot);
-        if let Some(server) = server {
-            server.stop();
+            .remove(&slot)?;
+        let staging = server.staging;
+        server.stop();
+        Some(staging)
+    }
+
+    /// Gives a staging folio back (one the owner handed out, never one named only by the
+    /// mapping's words).
+    fn free_staging(&self, staging: serve::Staging) {
+        if let Some(local) = self.cache.local() {
+            local.memory().free_staging(staging.pfn);
         }
     }
 }

@@ -6,28 +6,40 @@
 use super::Owner;
 use crate::error::Error;
 use crate::file::{File, SyncRange};
-use crate::mem::shared::{MAIL_WORDS, ThreadSlot};
+use crate::mem::shared::MAIL_WORDS;
 use crate::shared::mailbox::{self, DONE, RUNNING, SUBMITTED, at, error_kind, op};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// The staging folio the owner gave a thread slot: its id and order. The owner's own copy: the
+/// slot's words in the mapping say the same for the client to read, but a client can write
+/// them, and a value read back from there names whatever the client put in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Staging {
+    pub(super) pfn: u32,
+    pub(super) order: u8,
+}
+
 /// A running server thread.
 pub(super) struct Server {
     stop: Arc<AtomicBool>,
     slot: u32,
+    /// The slot's staging folio: the server reads into it and writes from it, and whoever
+    /// stops the server frees it (`Owner::stop_server`).
+    pub(super) staging: Staging,
     owner: std::sync::Weak<Owner>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Server {
-    pub(super) fn start(owner: Arc<Owner>, slot: u32) -> Self {
+    pub(super) fn start(owner: Arc<Owner>, slot: u32, staging: Staging) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let weak = Arc::downgrade(&owner);
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
             .name(format!("fc-serve-{slot}"))
-            .spawn(move || serve(&owner, slot, &flag))
+            .spawn(move || serve(&owner, slot, staging, &flag))
             .map_err(|e| {
                 super::log(
                     &weak.upgrade().map(|o| o.name.clone()).unwrap_or_default(),
@@ -38,12 +50,14 @@ impl Server {
         Self {
             stop,
             slot,
+            staging,
             owner: weak,
             thread,
         }
     }
 
-    /// Stops the thread after the request it runs, and waits for it.
+    /// Stops the thread after the request it runs, and waits for it. Its staging folio is the
+    /// caller's to free.
     pub(super) fn stop(mut self) {
         self.stop.store(true, Ordering::Release);
         if let Some(owner) = self.owner.upgrade() {
@@ -57,7 +71,7 @@ impl Server {
     }
 }
 
-fn serve(owner: &Owner, slot: u32, stop: &AtomicBool) {
+fn serve(owner: &Owner, slot: u32, staging: Staging, stop: &AtomicBool) {
     let t = &owner.map.threads()[slot as usize];
     // Whether the slot's last request was a write that came soon after the answer before it
     // (within three `SPIN`s: a server that slept sees it a wake-up later): a client in a
@@ -91,7 +105,7 @@ fn serve(owner: &Owner, slot: u32, stop: &AtomicBool) {
             }
         }
         let request = mailbox::read_request(t);
-        let reply = run(owner, t, &request);
+        let reply = run(owner, staging, &request);
         mailbox::write_reply(t, &reply);
         t.state.store(DONE, Ordering::Release);
         mailbox::wake(&t.state);
@@ -116,7 +130,7 @@ fn bad_request() -> [u64; MAIL_WORDS] {
 }
 
 /// Runs one request and makes its answer.
-fn run(owner: &Owner, t: &ThreadSlot, request: &[u64; MAIL_WORDS]) -> [u64; MAIL_WORDS] {
+fn run(owner: &Owner, staging: Staging, request: &[u64; MAIL_WORDS]) -> [u64; MAIL_WORDS] {
     let record = request[at::RECORD] as usize;
     let generation = request[at::GENERATION] as u32;
     let changes = matches!(
@@ -145,7 +159,7 @@ fn run(owner: &Owner, t: &ThreadSlot, request: &[u64; MAIL_WORDS]) -> [u64; MAIL
         return failed(&Error::ReadOnly, Some(error_kind::PASSING_THROUGH));
     }
     let result = match request[at::OP] {
-        op::READ | op::WRITE => transfer(owner, t, &file, request),
+        op::READ | op::WRITE => transfer(owner, staging, &file, request),
         op::SET_LEN => file.set_len(request[at::A]).map(|()| [0; MAIL_WORDS]),
         op::FALLOCATE => file
             .fallocate(request[at::A], request[at::B])
@@ -180,15 +194,15 @@ fn max_ra_pages() -> u64 {
     crate::readahead::MAX_READAHEAD_BYTES >> crate::mem::PAGE_SHIFT
 }
 
-/// A read into, or a write from, the slot's staging folio.
+/// A read into, or a write from, the slot's staging folio (the one the owner gave the slot,
+/// not whatever the slot's words in the mapping say now).
 fn transfer(
     owner: &Owner,
-    t: &ThreadSlot,
+    Staging { pfn, order }: Staging,
     file: &File,
     request: &[u64; MAIL_WORDS],
 ) -> Result<[u64; MAIL_WORDS], Error> {
-    let pfn = t.staging.load(Ordering::Acquire);
-    let order = t.staging_order.load(Ordering::Acquire);
+    let order = u32::from(order);
     let pos = request[at::A];
     let room = crate::mem::PAGE_SIZE << order.min(9);
     let len = usize::try_from(request[at::B]).unwrap_or(usize::MAX);

@@ -65,10 +65,9 @@ pub(super) struct Free {
     kept: Vec<bool>,
     /// Clean folios kept for their files.
     pub(super) adopt: Vec<Kept>,
-    /// Staging folios kept (adopted by the new memory).
-    pub(super) staging: Vec<u32>,
-    /// Thread slots claimed by live clients (their servers start at once).
-    pub(super) claimed: Vec<u32>,
+    /// Thread slots claimed by live clients, with the staging folios kept for them (adopted
+    /// by the new memory; their servers start at once).
+    pub(super) claimed: Vec<(u32, super::serve::Staging)>,
 }
 
 impl Free {
@@ -108,7 +107,6 @@ pub(super) fn take_over(
     wait_for_pins(map);
     let table = map.table();
     let mut kept = vec![false; table.len()];
-    let mut staging = Vec::new();
     let mut claimed = Vec::new();
     let processes = map.processes();
     for (i, t) in map.threads().iter().enumerate() {
@@ -122,17 +120,21 @@ pub(super) fn take_over(
                 )
             });
         let pfn = t.staging.load(Ordering::Acquire);
-        let order = t.staging_order.load(Ordering::Acquire).min(9);
+        let order = t.staging_order.load(Ordering::Acquire).min(9) as u8;
+        let pages = pfn as usize..(pfn as usize).saturating_add(1 << order);
+        // Inside the arena, aligned to its order, marked a staging folio, and no page of it
+        // kept already: two slots naming one folio (a client's words changed, or the dead
+        // owner's bug) must not both write into it.
         let usable = alive
-            && (pfn as usize) < table.len()
-            && (pfn as usize) + (1usize << order) <= table.len()
-            && table[pfn as usize].mapping.load(Ordering::Acquire) == STAGING;
+            && pages.end <= table.len()
+            && pages.start.is_multiple_of(1 << order)
+            && table[pfn as usize].mapping.load(Ordering::Acquire) == STAGING
+            && !kept[pages.clone()].contains(&true);
         if usable {
-            for k in &mut kept[pfn as usize..pfn as usize + (1 << order)] {
+            for k in &mut kept[pages] {
                 *k = true;
             }
-            staging.push(pfn);
-            claimed.push(i as u32);
+            claimed.push((i as u32, super::serve::Staging { pfn, order }));
         } else {
             t.staging.store(u32::MAX, Ordering::Release);
             t.pin.store(0, Ordering::Release);
@@ -178,7 +180,6 @@ pub(super) fn take_over(
     Ok(Free {
         kept,
         adopt,
-        staging,
         claimed,
     })
 }

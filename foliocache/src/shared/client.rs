@@ -94,6 +94,7 @@ impl Attachment {
         owner_program: Option<PathBuf>,
         max_ra_pages: u64,
     ) -> Result<Arc<Self>, Error> {
+        crate::inject::kill::arm_client_points_from_env();
         let paths = Paths::of(name)?;
         let (conn, welcome, memfd) =
             connect_or_start(&paths, &settings, owner_program.as_deref(), None, None)?;
@@ -332,6 +333,7 @@ impl Attachment {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(slot);
+        crate::inject::kill::point("client-claimed");
         if let Err(e) = self.control(&Msg::new(kind::CLAIM, &[u64::from(slot)]), None) {
             self.forget_slot(slot, process);
             return Err(e);
