@@ -38,6 +38,13 @@ pub(crate) struct CacheCore {
 /// Pages one eviction pass tries to free at least (so a stream does not evict page by page).
 const EVICT_BATCH_PAGES: u64 = 64;
 
+/// A readahead window that finds the arena dry evicts what it still needs in one pass, up to
+/// this share of the arena (1/32). Evicted memory comes back after a grace period, and ending
+/// one is a process-wide barrier in asymmetric mode (`membarrier`, see `mem::epoch`): paid
+/// once per window, not once per [`EVICT_BATCH_PAGES`] (readseq's over-capacity case,
+/// docs/BENCHMARKS.md, "Eviction and the grace period's barrier").
+const EVICT_WINDOW_SHARE: u64 = 32;
+
 /// Free pages beyond this share of the arena (1/64) are used in 4 KiB folios before anything
 /// is evicted to make a block for a large one (see [`CacheCore::free_pages_apart`]). Below it,
 /// a large folio still evicts for its block, so a cache under pressure keeps its large folios
@@ -75,13 +82,21 @@ impl CacheCore {
     /// in 4 KiB folios, as the kernel's `page_cache_ra_order` does when a large folio cannot
     /// be had. (Writes and staging folios keep evicting for their block: a write's fallback
     /// writes a dirty folio back, and a truncation's copy of the folio at the new end has
-    /// none.)
-    pub(crate) fn alloc_for_window(&self, order: u8) -> Result<NewFolio<'_>, Error> {
-        match self.mem.alloc_folio(order) {
+    /// none.) `window_pages` is what the window still needs, this folio included: an
+    /// eviction frees that much at once (see [`EVICT_WINDOW_SHARE`]).
+    pub(crate) fn alloc_for_window(
+        &self,
+        order: u8,
+        window_pages: u64,
+    ) -> Result<NewFolio<'_>, Error> {
+        match self.mem.alloc_folio_now(order) {
             Err(Error::NoMemory { .. }) if order > 0 && self.free_pages_apart(order) => {
                 Err(Error::NoMemory { order })
             }
-            Err(Error::NoMemory { .. }) => self.alloc_after_eviction(order),
+            Err(Error::NoMemory { .. }) => {
+                let most = self.mem.pages() as u64 / EVICT_WINDOW_SHARE;
+                self.alloc_after_eviction(order, window_pages.min(most))
+            }
             other => other,
         }
     }
@@ -89,27 +104,23 @@ impl CacheCore {
     /// Allocates a folio for readahead, a read or a write, evicting idle folios read from
     /// storage when the arena is dry (and waking the flusher when what is left is dirty).
     pub(crate) fn alloc_for_readahead(&self, order: u8) -> Result<NewFolio<'_>, Error> {
-        match self.mem.alloc_folio(order) {
-            Err(Error::NoMemory { .. }) => self.alloc_after_eviction(order),
+        match self.mem.alloc_folio_now(order) {
+            Err(Error::NoMemory { .. }) => self.alloc_after_eviction(order, 0),
             other => other,
         }
     }
 
-    /// Evicts at least a batch (or the folio's size), then allocates a folio of `order`.
-    fn alloc_after_eviction(&self, order: u8) -> Result<NewFolio<'_>, Error> {
-        let want = (1u64 << order).max(EVICT_BATCH_PAGES);
-        if self.reclaim.evict(&self.mem, want) > 0 {
-            // Evicted folios were published: they come back after a grace period (the
-            // allocator waits for it briefly).
-            self.mem.alloc_folio(order)
-        } else {
+    /// Evicts `pages`, but at least a batch (or the folio's size), then allocates a folio of
+    /// `order`, waiting briefly for memory in a grace period: what this eviction freed, and
+    /// what was freed before it (the first try, `Memory::alloc_folio_now`, did not wait).
+    fn alloc_after_eviction(&self, order: u8, pages: u64) -> Result<NewFolio<'_>, Error> {
+        let want = (1u64 << order).max(EVICT_BATCH_PAGES).max(pages);
+        if self.reclaim.evict(&self.mem, want) == 0 && self.dirty.stats().dirty_pages > 0 {
             // Reclaim found nothing clean to drop: dirty data must be written first
             // (`wakeup_flusher_threads(WB_REASON_VMSCAN)`).
-            if self.dirty.stats().dirty_pages > 0 {
-                self.dirty.kick();
-            }
-            Err(Error::NoMemory { order })
+            self.dirty.kick();
         }
+        self.mem.alloc_folio(order)
     }
 
     /// Whether free pages are plenty (at least a folio of `order`'s worth, and

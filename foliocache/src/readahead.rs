@@ -921,8 +921,11 @@ impl<'f> Submission<'f> {
         if folios.is_empty() && small {
             cache.alloc_pages_for_readahead(slots.len(), &mut folios);
         }
+        let mut rest: u64 = slots[folios.len()..].iter().map(|s| 1u64 << s.order).sum();
         for slot in &slots[folios.len()..] {
-            match cache.alloc_for_window(slot.order) {
+            let wanted = rest;
+            rest -= 1u64 << slot.order;
+            match cache.alloc_for_window(slot.order, wanted) {
                 Ok(folio) => folios.push(folio),
                 // A large folio that cannot be had (its allocation evicted what it would):
                 // the folios so far go in, and the window's caller finishes it in 4 KiB
@@ -1011,8 +1014,12 @@ impl<'f> Submission<'f> {
     fn insert_single(&mut self, slots: &[Slot], skip_present: bool) -> usize {
         let mapping = &self.file.mapping;
         let cache = &self.file.core;
+        // Pages the window still needs, this slot's included (eviction frees them at once).
+        let mut rest: u64 = slots.iter().map(|s| 1u64 << s.order).sum();
         for (k, slot) in slots.iter().enumerate() {
             let nr = 1u64 << slot.order;
+            let wanted = rest;
+            rest -= nr;
             if mapping.next_miss(slot.index, nr) != slot.index {
                 // Something is cached there (checked without the lock, as the kernel does).
                 if !skip_present {
@@ -1022,7 +1029,7 @@ impl<'f> Submission<'f> {
                 self.count_skips(1);
                 continue;
             }
-            let Ok(folio) = cache.alloc_for_window(slot.order) else {
+            let Ok(folio) = cache.alloc_for_window(slot.order, wanted) else {
                 self.disk.ra.out_of_memory.inc();
                 return k;
             };

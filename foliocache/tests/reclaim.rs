@@ -634,3 +634,40 @@ fn a_large_folio_takes_free_pages_apart_before_it_evicts() {
     // Its windows did ask for large folios, and finished in 4 KiB ones.
     assert!(ra.order_fallbacks > 0, "{ra:?}");
 }
+
+/// A readahead window that finds the arena dry evicts what it still needs in one pass, not a
+/// batch of 64 pages at a time. Each pass's memory comes back after a grace period, and ending
+/// one is a process-wide barrier in asymmetric mode (`membarrier`): a stream that evicted 64
+/// pages at a time paid one per 256 KiB it read (docs/BENCHMARKS.md, "Eviction and the grace
+/// period's barrier").
+#[test]
+fn a_window_on_a_dry_arena_evicts_what_it_needs_at_once() {
+    let cache = Cache::builder()
+        .arena_pages(8192)
+        .readahead_bytes(1 << 20)
+        .build()
+        .unwrap();
+    // The arena filled with one file's pages, read one at a time.
+    let (_first, mut handle) = open(&cache, 8192);
+    let mut page = 0;
+    while cache.stats().free_pages > 0 {
+        read_page(&mut handle, page);
+        page += 1;
+    }
+    let before = cache.reclaim_stats();
+    // A second file read in order: its windows grow to 256 pages, each found the arena dry.
+    let backend = Arc::new(MemBackend::new(pattern(4096 * PAGE)));
+    let second = cache.open_backend(backend, Some(0)).unwrap();
+    read_whole(&second, "the second file");
+    let after = cache.reclaim_stats();
+    let evicted = after.evicted_pages - before.evicted_pages;
+    let passes = after.passes - before.passes;
+    assert!(
+        evicted >= 3072,
+        "{evicted} pages evicted for a 4096-page file"
+    );
+    assert!(
+        passes * 128 <= evicted,
+        "{passes} eviction passes for {evicted} pages"
+    );
+}

@@ -82,6 +82,21 @@ impl Grace {
     /// epoch back until it runs again, so when collecting stops helping this yields the CPU and
     /// tries again, for at most `patience`.
     pub(crate) fn reclaim_deferred(&self, patience: std::time::Duration) -> bool {
+        self.reclaim_until(patience, || false)
+    }
+
+    /// As [`reclaim_deferred`](Self::reclaim_deferred), but calls `enough` after each collect
+    /// and stops as soon as it says so (an allocation that got what it asked for), even with
+    /// frees still pending. Returns whether none is pending any more.
+    ///
+    /// An allocation must not wait for the whole queue: while other threads evict, it never
+    /// empties, and each collect in asymmetric mode interrupts every CPU running a reader
+    /// (`membarrier`), so waiting for it would cost a barrier per spin for the whole patience.
+    pub(crate) fn reclaim_until(
+        &self,
+        patience: std::time::Duration,
+        mut enough: impl FnMut() -> bool,
+    ) -> bool {
         // A caller that is itself pinned (holding a cursor, say) holds the epoch back: waiting
         // would only wait for itself. Collect once and report. Under loom, one attempt too: a
         // model must not spin on the clock.
@@ -93,7 +108,9 @@ impl Grace {
         let start = std::time::Instant::now();
         loop {
             epoch::collect();
-            if self.pending_pages() == 0 || start.elapsed() >= patience {
+            // `enough` first: it takes what the collect gave back even when nothing is left
+            // pending.
+            if enough() || self.pending_pages() == 0 || start.elapsed() >= patience {
                 break;
             }
             std::thread::yield_now();

@@ -136,6 +136,10 @@ enum Table {
 #[cfg(not(loom))]
 const HUGE_TABLE_MIN_BYTES: usize = 1 << 20;
 
+/// How long [`Memory::alloc_folio`] waits for memory in a grace period when the arena is dry
+/// (a reader descheduled while pinned holds it back until it runs again).
+const GRACE_PATIENCE: Duration = Duration::from_millis(20);
+
 #[cfg(not(loom))]
 const HUGE_PAGE_BYTES: usize = PAGE_SIZE << MAX_ORDER;
 
@@ -455,8 +459,22 @@ impl Memory {
         self.arena.pages()
     }
 
-    /// Allocates a private folio of `2^order` pages with one reference (the caller's).
+    /// Allocates a private folio of `2^order` pages with one reference (the caller's). When
+    /// the arena is dry but memory waits for a grace period, waits for it (at most
+    /// [`GRACE_PATIENCE`]).
     pub(crate) fn alloc_folio(&self, order: u8) -> Result<NewFolio<'_>, Error> {
+        self.alloc_folio_within(order, GRACE_PATIENCE)
+    }
+
+    /// As [`alloc_folio`](Self::alloc_folio), but ends grace periods once at most instead of
+    /// waiting: for a caller that evicts when this fails. Waiting would take the memory other
+    /// threads' evictions freed (and leave them to evict again), and every attempt to end a
+    /// grace period may be a process-wide barrier (`membarrier`, see [`epoch`]).
+    pub(crate) fn alloc_folio_now(&self, order: u8) -> Result<NewFolio<'_>, Error> {
+        self.alloc_folio_within(order, Duration::ZERO)
+    }
+
+    fn alloc_folio_within(&self, order: u8, patience: Duration) -> Result<NewFolio<'_>, Error> {
         if order > self.max_order {
             return Err(Error::OrderTooLarge {
                 order,
@@ -482,11 +500,12 @@ impl Memory {
             // Memory may be waiting for optimistic readers to finish with it (a grace period):
             // wait for them a little, then try again whatever came back.
             None if self.grace.pending_pages() > 0 => {
-                self.grace.reclaim_deferred(Duration::from_millis(20));
-                self.grace
-                    .buddy()
-                    .alloc(order)
-                    .ok_or(Error::NoMemory { order })?
+                let mut got = None;
+                self.grace.reclaim_until(patience, || {
+                    got = self.grace.buddy().alloc(order);
+                    got.is_some()
+                });
+                got.ok_or(Error::NoMemory { order })?
             }
             None => return Err(Error::NoMemory { order }),
         };
@@ -514,10 +533,13 @@ impl Memory {
             self.grace.buddy().alloc_pages(more, &mut pfns);
         }
         if pfns.len() < n && self.grace.pending_pages() > 0 {
-            // As `alloc_folio`: memory may be waiting for optimistic readers to finish with it.
-            self.grace.reclaim_deferred(Duration::from_millis(20));
-            let more = n - pfns.len();
-            self.grace.buddy().alloc_pages(more, &mut pfns);
+            // As `alloc_folio_now`: memory may be waiting for optimistic readers to finish
+            // with it; the caller evicts for what this does not give.
+            self.grace.reclaim_until(Duration::ZERO, || {
+                let more = n - pfns.len();
+                self.grace.buddy().alloc_pages(more, &mut pfns);
+                pfns.len() == n
+            });
         }
         out.reserve(pfns.len());
         out.extend(pfns.iter().map(|&pfn| self.new_life(pfn, 0)));
