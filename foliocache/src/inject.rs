@@ -80,8 +80,9 @@ impl Inject {
 /// The same points can pause instead: with `FOLIOCACHE_PAUSE_AT=POINT:MARKER` the owner
 /// thread that reaches `POINT` first removes `MARKER` and waits until the test writes it
 /// again, 20 s at most (once per process): how a test makes something happen while the owner
-/// stands at a point. One more point serves this: `claim` (a thread slot's claim checked, the
-/// slot found without a staging folio, none given yet).
+/// stands at a point. Two more points serve this: `claim` (a thread slot's claim checked, the
+/// slot found without a staging folio, none given yet) and `release` (a process's release of a
+/// thread slot read from its connection, not yet checked).
 ///
 /// A client arms the points whose names start with `client-` ([`arm_client_points_from_env`]):
 /// `client-claimed` (a thread slot's claim word taken in the mapping, the claim not yet sent

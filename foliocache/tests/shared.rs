@@ -502,6 +502,18 @@ fn child_entry() -> bool {
             second_claimer();
             true
         }
+        Some("releaser") => {
+            // A thread claims a slot and ends (its slot's release goes to the owner, which the
+            // test holds at the `release` point); this process waits to be killed.
+            let (dir, cache) = attach_child();
+            let file = cache.open(dir.join("data")).expect("open");
+            std::thread::spawn(move || {
+                let mut page = vec![0u8; PAGE as usize];
+                assert_eq!(file.handle().read_at(&mut page, 0).unwrap(), page.len());
+            });
+            std::thread::sleep(Duration::from_secs(60));
+            true
+        }
         Some("forker") => {
             forker();
             true
@@ -1595,25 +1607,7 @@ fn a_claim_for_a_process_that_died_meanwhile_gives_nothing_twice() {
         RefcountPolicy::FrozenBit,
         EngineKind::Threads,
     );
-    let marker = setup.dir.join("pause-marker");
-    std::fs::write(&marker, "claim").unwrap();
-    let mut first = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("FOLIOCACHE_CHILD", "returning")
-        .env("FOLIOCACHE_PAUSE_AT", format!("claim:{}", marker.display()))
-        .envs(setup.env())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while marker.exists() {
-        if Instant::now() > deadline {
-            kill_all(std::slice::from_mut(&mut first));
-            panic!("the owner never reached the claim");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let first_pid = first.id();
-    kill_all(std::slice::from_mut(&mut first));
+    let (first_pid, marker) = spawn_held_and_kill(&setup, test, "returning", "claim");
     // The owner finds the dead process at its next tick (200 ms) and frees its thread slot,
     // once the claim is done: before the fix, at once. No status is asked meanwhile (the
     // owner's main loop, which answers it, waits for the claim now).
@@ -1750,6 +1744,105 @@ fn second_claimer() {
         assert_eq!(handle.read_at(&mut got, 2 * PAGE).expect("read"), got.len());
         assert!(got == page_of(seq, 2), "write {seq} did not read back");
     }
+}
+
+/// Starts a child in `role` whose owner (it starts one) holds at `point`
+/// (`FOLIOCACHE_PAUSE_AT`), waits until the owner stands there, and kills the child: its pid,
+/// and the marker file the test writes again to let the owner go on.
+fn spawn_held_and_kill(setup: &Setup, test: &str, role: &str, point: &str) -> (u32, PathBuf) {
+    let marker = setup.dir.join("pause-marker");
+    std::fs::write(&marker, point).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("FOLIOCACHE_CHILD", role)
+        .env(
+            "FOLIOCACHE_PAUSE_AT",
+            format!("{point}:{}", marker.display()),
+        )
+        .envs(setup.env())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while marker.exists() {
+        if Instant::now() > deadline {
+            kill_all(std::slice::from_mut(&mut child));
+            panic!("the owner never reached the {point} point");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = child.id();
+    kill_all(std::slice::from_mut(&mut child));
+    (pid, marker)
+}
+
+/// A release of a thread slot that a process sent just before it died, read by the owner only
+/// after its tick saw the death and gave the process slot to another process, frees nothing
+/// of that process: its thread slot carries the same claim word (the process slot's number).
+/// The owner is held at the `release` point while the first process dies and the second
+/// attaches and claims.
+#[test]
+fn a_dead_process_release_read_late_frees_nothing_of_its_successor() {
+    if child_entry() {
+        return;
+    }
+    let test = "a_dead_process_release_read_late_frees_nothing_of_its_successor";
+    let setup = Setup::new(
+        "late-release",
+        RefcountPolicy::FrozenBit,
+        EngineKind::Threads,
+    );
+    let (first_pid, marker) = spawn_held_and_kill(&setup, test, "releaser", "release");
+    // The owner's tick finds it dead and detaches it; its connection still holds the release.
+    wait_detached(&setup, first_pid);
+    let mut running = Running(vec![setup.spawn(test, "second-claimer", 1, 2)]);
+    let claimed = setup.dir.join("claimed");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !claimed.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the second process never claimed a slot"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let slots = |setup: &Setup| -> u64 {
+        let status = setup.admin(CacheCommand::Status).expect("status");
+        status
+            .split("\"claimed_thread_slots\":")
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no claimed_thread_slots in {status}"))
+    };
+    assert_eq!(slots(&setup), 1, "the second process's slot");
+    // Lets the dead process's release go on, and waits for the owner's word on it.
+    std::fs::write(&marker, "release").unwrap();
+    let log = setup.dir.join("rt").join(format!("{}.log", setup.name));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains(&format!(
+            "came from process {first_pid}, no longer attached"
+        )) {
+            break;
+        }
+        assert!(
+            slots(&setup) == 1 && Instant::now() < deadline,
+            "the dead process's release freed the second process's slot, or was never \
+             answered:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        slots(&setup),
+        1,
+        "the second process's slot after the release"
+    );
+    std::fs::write(setup.dir.join("go"), "").unwrap();
+    let second_pid = running.0[0].id();
+    join_all(std::mem::take(&mut running.0), Duration::from_secs(30));
+    wait_detached(&setup, second_pid);
+    assert_owner_never_panicked(&setup);
+    assert_all_free(&setup);
 }
 
 /// Once every process has left and the cache is synced and dropped, every page of the arena

@@ -50,8 +50,8 @@ fn bad(text: &str) -> Msg {
 impl Owner {
     /// Serves one connection until it closes, then frees what its process held.
     pub(super) fn serve_connection(self: Arc<Self>, conn: Conn) {
-        match conn.peer() {
-            Ok((uid, _)) if uid == rustix::process::geteuid().as_raw() => {}
+        let peer = match conn.peer() {
+            Ok((uid, pid)) if uid == rustix::process::geteuid().as_raw() => pid,
             Ok((uid, pid)) => {
                 log(
                     &self.name,
@@ -64,7 +64,7 @@ impl Owner {
                 log(&self.name, &format!("refused a connection: {e}"));
                 return;
             }
-        }
+        };
         let mut process: Option<u32> = None;
         // Who said hello on this connection: (pid, start time).
         let mut attached_as = (0u32, 0u64);
@@ -78,7 +78,7 @@ impl Owner {
                 }
             };
             let answer = match (msg.kind, process) {
-                (kind::HELLO, None) => match self.hello(&msg) {
+                (kind::HELLO, None) => match self.hello(&msg, peer) {
                     Ok(slot) => {
                         process = Some(slot);
                         let p = &self.map.processes()[slot as usize];
@@ -96,7 +96,7 @@ impl Owner {
                 },
                 (kind::HELLO, Some(_)) => bad("hello twice"),
                 (_, None) => self.admin(&msg),
-                (_, Some(p)) => self.request(p, &msg, fd),
+                (_, Some(p)) => self.request(p, attached_as, &msg, fd),
             };
             if conn.send(&answer, None).is_err() {
                 break;
@@ -122,11 +122,25 @@ impl Owner {
     /// process is given a slot whose process is still alive: given to another, a detach of
     /// that one would free the returning process's thread slots (their staging folios gone
     /// while its threads still use them), and a takeover would judge them by the wrong pid.
-    fn hello(&self, msg: &Msg) -> Result<u32, String> {
+    ///
+    /// The pid is the kernel's word for the peer (`SO_PEERCRED`, `peer`), not the one the
+    /// message carries: a process cannot name another (and take the slot a live process of
+    /// that pid comes back to), and the pid is the one this owner's `/proc` knows it by.
+    fn hello(&self, msg: &Msg, peer: u32) -> Result<u32, String> {
         if msg.word(0).ok() != Some(wire::PROTOCOL) {
             return Err("the client speaks another protocol (another foliocache build)".into());
         }
-        let pid = msg.word(1).map_err(|e| e.to_string())? as u32;
+        let said = msg.word(1).map_err(|e| e.to_string())? as u32;
+        if said != peer {
+            log(
+                &self.name,
+                &format!(
+                    "process {peer} said hello as process {said} (another pid namespace?): \
+                     known as {peer}"
+                ),
+            );
+        }
+        let pid = peer;
         let start = msg.word(2).map_err(|e| e.to_string())?;
         let memfd = msg.word(3).unwrap_or(u64::MAX);
         let previous = msg.word(4).unwrap_or(u64::MAX);
@@ -322,8 +336,9 @@ impl Owner {
         );
     }
 
-    /// A request from an attached process `p`.
-    fn request(self: &Arc<Self>, p: u32, msg: &Msg, fd: Option<OwnedFd>) -> Msg {
+    /// A request from process slot `p`, where this connection's process (`who`: pid, start
+    /// time) attached.
+    fn request(self: &Arc<Self>, p: u32, who: (u32, u64), msg: &Msg, fd: Option<OwnedFd>) -> Msg {
         match msg.kind {
             kind::OPEN => match fd {
                 Some(fd) => self.open(p, msg, &fd).unwrap_or_else(|e| refuse(&e)),
@@ -343,15 +358,7 @@ impl Owner {
                 Msg::new(kind::OK, &[])
             }
             kind::CLAIM => self.claim(p, msg.word(0).unwrap_or(u64::MAX)),
-            kind::RELEASE => {
-                let slot = msg.word(0).unwrap_or(u64::MAX);
-                match self.map.threads().get(slot as usize) {
-                    Some(_) if self.free_thread_slot(slot as u32, CLAIMED | p) => {
-                        Msg::new(kind::OK, &[])
-                    }
-                    _ => bad("a release of a slot this process does not hold"),
-                }
-            }
+            kind::RELEASE => self.release(p, who, msg.word(0).unwrap_or(u64::MAX)),
             kind::FILE_OP => self.file_op(msg).unwrap_or_else(|e| refuse(&e)),
             kind::MEMFD => {
                 let fd = msg.word(0).ok().and_then(|fd| u32::try_from(fd).ok());
@@ -363,6 +370,41 @@ impl Owner {
             }
             _ => self.admin(msg),
         }
+    }
+
+    /// Thread slot `slot` given back by process slot `p`'s process `who` (pid, start time): freed
+    /// only while `who` is still attached there, checked and freed under `attach_lock`. A
+    /// connection reads what a process sent before it died after the process is gone: if its
+    /// death was seen first (the owner's tick), the process slot may have gone to another
+    /// process meanwhile, whose thread slots carry the same claim word, and the dead one's
+    /// release freed the newcomer's slot under it (its staging folio and server gone while it
+    /// used them; `a_dead_process_release_read_late_frees_nothing_of_its_successor`).
+    fn release(&self, p: u32, who: (u32, u64), slot: u64) -> Msg {
+        crate::inject::kill::point("release");
+        let _attached = self
+            .attach_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let still = self.map.processes().get(p as usize).is_some_and(|s| {
+            s.state.load(Ordering::Acquire) == 1
+                && s.pid.load(Ordering::Acquire) == who.0
+                && s.start.load(Ordering::Acquire) == who.1
+        });
+        if !still {
+            log(
+                &self.name,
+                &format!(
+                    "a release of thread slot {slot} came from process {}, no longer attached: \
+                     ignored",
+                    who.0
+                ),
+            );
+        } else if self.map.threads().get(slot as usize).is_some()
+            && self.free_thread_slot(slot as u32, CLAIMED | p)
+        {
+            return Msg::new(kind::OK, &[]);
+        }
+        bad("a release of a slot this process does not hold")
     }
 
     /// A thread slot claimed by process `p`: a staging folio (kept if a previous owner left
@@ -661,6 +703,13 @@ impl Owner {
                 o.overflows.load(Ordering::Relaxed)
             ));
         }
+        let claimed = self
+            .map
+            .threads()
+            .iter()
+            .filter(|t| t.claim.load(Ordering::Acquire) & CLAIMED != 0)
+            .count();
+        out.push_str(&format!("\"claimed_thread_slots\":{claimed},"));
         out.push_str("\"processes\":[");
         let mut first = true;
         for p in self.map.processes() {
