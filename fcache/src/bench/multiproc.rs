@@ -78,7 +78,8 @@ struct Sizes {
 }
 
 /// Where the owner program is: next to this fcache (cargo builds both into `target/<profile>/`),
-/// built there first when this fcache runs from its checkout, or `$FOLIOCACHE_OWNER`.
+/// built there first (or again, if older than its sources) when this fcache runs from its
+/// checkout, or `$FOLIOCACHE_OWNER`.
 pub(crate) fn prerequisites() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("FOLIOCACHE_OWNER").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
@@ -94,9 +95,7 @@ pub(crate) fn prerequisites() -> Result<PathBuf, String> {
     let wanted = std::env::current_exe()
         .map_err(|e| e.to_string())?
         .with_file_name(OWNER);
-    if !wanted.is_file() {
-        crate::run::build_in_checkout(&wanted, &["-p", "foliocache", "--bin", OWNER]);
-    }
+    crate::run::ensure_built(&wanted, &["-p", "foliocache", "--bin", OWNER]);
     if wanted.is_file() {
         Ok(wanted)
     } else {
